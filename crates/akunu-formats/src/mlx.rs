@@ -1,0 +1,1 @@
+//! MLX quantized checkpoints.
