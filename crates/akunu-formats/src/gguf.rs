@@ -1,1 +1,0 @@
-//! GGUF files: reader and writer.
