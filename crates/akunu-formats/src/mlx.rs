@@ -1,1 +1,0 @@
-//! MLX quantized checkpoints.
