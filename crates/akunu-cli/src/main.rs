@@ -1,1 +1,133 @@
-fn main() {}
+//! The `akunu` command-line tool.
+
+mod inspect;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Result};
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "akunu", version, about = "Fast LLM inference on GPUs and CPUs")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show what a model file holds: architecture, hyperparameters, tokenizer, tensors.
+    Inspect {
+        #[command(flatten)]
+        model: ModelArg,
+        /// Print JSON for scripts.
+        #[arg(long)]
+        json: bool,
+        /// List every metadata key.
+        #[arg(long)]
+        all_metadata: bool,
+        /// Leave out the per-tensor table.
+        #[arg(long)]
+        no_tensors: bool,
+    },
+    /// Fetch a model into the cache (resumable, verified) and print its path.
+    ///
+    /// SPEC is a Hugging Face file (`owner/repo/file.gguf`, optionally `@revision`, or
+    /// `hf://owner/repo/file.gguf`) or an http(s) URL. With no SPEC, the default model
+    /// (Gemma 3 270M Q4_K_M) is fetched. The cache is `$AKUNU_CACHE`, else
+    /// `$XDG_CACHE_HOME/akunu`, else `~/.cache/akunu`.
+    Pull {
+        spec: Option<String>,
+        /// Expected sha256 of a URL or Hugging Face download.
+        #[arg(long, value_name = "HEX")]
+        sha256: Option<String>,
+        /// Re-hash a cached copy before trusting it.
+        #[arg(long)]
+        verify: bool,
+        /// No progress output.
+        #[arg(short, long)]
+        quiet: bool,
+    },
+}
+
+/// The model a command works on.
+#[derive(Args)]
+struct ModelArg {
+    /// Model file, Hugging Face file (`owner/repo/file.gguf`) or URL; the default model is
+    /// fetched on first use when none is given.
+    #[arg(value_name = "MODEL")]
+    positional: Option<String>,
+    #[arg(
+        short = 'm',
+        long = "model",
+        value_name = "MODEL",
+        conflicts_with = "positional"
+    )]
+    flag: Option<String>,
+}
+
+impl ModelArg {
+    fn resolve(&self) -> Result<PathBuf> {
+        let spec = self.flag.as_deref().or(self.positional.as_deref());
+        Ok(akunu_hub::resolve(
+            spec,
+            &akunu_hub::FetchOptions::default(),
+        )?)
+    }
+}
+
+fn pull(spec: Option<&str>, sha256: Option<String>, verify: bool, quiet: bool) -> Result<()> {
+    if sha256.is_some() {
+        if let Some(spec) = spec {
+            if std::path::Path::new(spec).exists() {
+                bail!("--sha256 applies to downloads; {spec} is a local file");
+            }
+        } else {
+            bail!("--sha256 applies to downloads; the default model carries its own digest");
+        }
+    }
+    let opts = akunu_hub::FetchOptions {
+        sha256,
+        verify_cached: verify,
+        quiet,
+        ..Default::default()
+    };
+    let path = akunu_hub::resolve(spec, &opts)?;
+    println!("{}", path.display());
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Inspect {
+            model,
+            json,
+            all_metadata,
+            no_tensors,
+        } => inspect::run(
+            &model.resolve()?,
+            &inspect::InspectOptions {
+                json,
+                all_metadata,
+                no_tensors,
+            },
+        ),
+        Command::Pull {
+            spec,
+            sha256,
+            verify,
+            quiet,
+        } => pull(spec.as_deref(), sha256, verify, quiet),
+    }
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,31 +1,11 @@
 //! The MLX reader against model directories quantized by MLX itself, with `mx.dequantize` output
 //! as the expected values (scripts/ref/mlx_fixtures.py).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use akunu_formats::mlx::{unpack_codes, MlxModel, QuantParams};
 use akunu_formats::safetensors::Dtype;
 use serde_json::Value;
-
-/// `$AKUNU_REFDATA/<sub>`, or `None` (test skipped) when the variable is unset, unless
-/// `AKUNU_REQUIRE_REFDATA=1` makes that a failure.
-fn refdata(sub: &str) -> Option<PathBuf> {
-    let Some(root) = std::env::var_os("AKUNU_REFDATA") else {
-        assert!(
-            std::env::var("AKUNU_REQUIRE_REFDATA").as_deref() != Ok("1"),
-            "AKUNU_REFDATA is not set: run scripts/test.sh"
-        );
-        eprintln!("skipped: AKUNU_REFDATA is not set (run scripts/test.sh to generate it)");
-        return None;
-    };
-    let dir = PathBuf::from(root).join(sub);
-    assert!(
-        dir.is_dir(),
-        "{} is missing: run scripts/test.sh",
-        dir.display()
-    );
-    Some(dir)
-}
 
 /// Opens the model in `dir` and checks every module of its manifest: parameters, shapes, codes
 /// and dequantized values, the latter bit for bit. Returns the model and the manifest.
@@ -90,7 +70,7 @@ fn check_model(dir: &Path) -> (MlxModel, Value) {
 
 #[test]
 fn matches_mx_dequantize_for_every_bits_and_group_size() {
-    let Some(dir) = refdata("mlx/model") else {
+    let Some(dir) = akunu_testutil::refdata("mlx/model") else {
         return;
     };
     let (model, manifest) = check_model(&dir);
@@ -109,7 +89,7 @@ fn matches_mx_dequantize_for_every_bits_and_group_size() {
 
 #[test]
 fn matches_mx_dequantize_across_shards() {
-    let Some(dir) = refdata("mlx/sharded") else {
+    let Some(dir) = akunu_testutil::refdata("mlx/sharded") else {
         return;
     };
     let (model, _) = check_model(&dir);

@@ -1,30 +1,10 @@
 //! The safetensors reader against files written by the `safetensors` Python package, with
 //! expected bytes and f32 values from numpy and ml_dtypes (scripts/ref/safetensors_fixtures.py).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use akunu_formats::safetensors::{Checkpoint, Error, SafetensorsFile, TensorView};
 use serde_json::Value;
-
-/// `$AKUNU_REFDATA/<sub>`, or `None` (test skipped) when the variable is unset, unless
-/// `AKUNU_REQUIRE_REFDATA=1` makes that a failure.
-fn refdata(sub: &str) -> Option<PathBuf> {
-    let Some(root) = std::env::var_os("AKUNU_REFDATA") else {
-        assert!(
-            std::env::var("AKUNU_REQUIRE_REFDATA").as_deref() != Ok("1"),
-            "AKUNU_REFDATA is not set: run scripts/test.sh"
-        );
-        eprintln!("skipped: AKUNU_REFDATA is not set (run scripts/test.sh to generate it)");
-        return None;
-    };
-    let dir = PathBuf::from(root).join(sub);
-    assert!(
-        dir.is_dir(),
-        "{} is missing: run scripts/test.sh",
-        dir.display()
-    );
-    Some(dir)
-}
 
 fn manifest(dir: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap()
@@ -69,7 +49,7 @@ fn check(view: TensorView<'_>, entry: &Value, expected: &Path) {
 
 #[test]
 fn reads_python_written_dtypes() {
-    let Some(dir) = refdata("safetensors") else {
+    let Some(dir) = akunu_testutil::refdata("safetensors") else {
         return;
     };
     let manifest = manifest(&dir);
@@ -88,7 +68,7 @@ fn reads_python_written_dtypes() {
 
 #[test]
 fn reads_python_written_shards() {
-    let Some(dir) = refdata("safetensors") else {
+    let Some(dir) = akunu_testutil::refdata("safetensors") else {
         return;
     };
     let manifest = manifest(&dir);
