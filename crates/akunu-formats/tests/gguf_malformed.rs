@@ -248,6 +248,12 @@ fn tensor_faults() {
     let file = one_tensor(&[256], 16, 0, 66).parse().unwrap();
     assert_eq!(file.tensors()[0].ty, GgmlType::IQ2_XXS);
 
+    // An empty tensor still needs the data section to start inside the file.
+    let mut r = Raw::header(3, 1, 0);
+    r.tensor("empty", &[0, 4], 0, 0);
+    assert!(err(&r).contains("padding before the data section"));
+    assert!(r.pad_to(32).parse().is_ok());
+
     let mut r = Raw::header(3, 1, 0);
     r.tensor("w", &[u64::MAX], 0, 0).pad_to(32).bytes(&[0; 64]);
     assert!(err(&r).contains("overflow"));

@@ -333,7 +333,15 @@ fn check_tensor_extents(
     file_len: u64,
     data_offset: u64,
 ) -> Result<(), GgufError> {
-    let data_len = file_len.saturating_sub(data_offset);
+    if !tensors.is_empty() && data_offset > file_len {
+        return Err(GgufError::Truncated {
+            what: "padding before the data section".into(),
+            offset: file_len,
+            needed: data_offset - file_len,
+            available: 0,
+        });
+    }
+    let data_len = file_len - data_offset.min(file_len);
     for t in tensors {
         let end = t.offset.checked_add(t.n_bytes);
         if end.is_none_or(|end| end > data_len) {
