@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs every test against its independent reference:
+#   1. installs the reference packages (gguf, safetensors, mlx, ...) into a venv,
+#   2. builds ggml's own quantization library from the llama.cpp source on PyPI,
+#   3. generates reference data into $AKUNU_REFDATA (default .refdata/),
+#   4. fetches the default model (cached after the first run),
+#   5. runs `cargo test --workspace --release` with all of it required.
+# Extra arguments go to `cargo test`. Environment: AKUNU_VENV, AKUNU_REFDATA, AKUNU_CACHE.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+venv=${AKUNU_VENV:-$root/.venv}
+refdata=${AKUNU_REFDATA:-$root/.refdata}
+step() { printf '\n== %s\n' "$*" >&2; }
+
+step "reference packages in $venv"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+stamp=$venv/.akunu-requirements
+if ! cmp -s scripts/ref/requirements.txt "$stamp"; then
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r scripts/ref/requirements.txt
+  cp scripts/ref/requirements.txt "$stamp"
+fi
+export PATH="$venv/bin:$PATH"
+py=$venv/bin/python
+
+step "ggml reference library"
+scripts/ref/build_ggml_ref.sh "$refdata/ggml"
+
+step "reference data in $refdata"
+"$py" scripts/ref/gguf_fixtures.py write "$refdata/gguf"
+AKUNU_GGML_LIB="$refdata/ggml/libggml-base.so" "$py" scripts/ref/quant_fixtures.py "$refdata/quant"
+"$py" scripts/ref/safetensors_fixtures.py "$refdata"
+
+step "default model"
+cargo build --release --quiet -p akunu-cli
+model=$(target/release/akunu pull)
+digests=$refdata/gguf/model-digests.json
+if [ ! -s "$digests" ] || [ "$model" -nt "$digests" ]; then
+  "$py" scripts/ref/gguf_fixtures.py digests "$model" "$digests"
+fi
+
+step "cargo test"
+export AKUNU_REFDATA=$refdata AKUNU_MODEL=$model AKUNU_PYTHON=$py AKUNU_REQUIRE_REFDATA=1
+cargo test --workspace --release "$@"
