@@ -306,7 +306,12 @@ fn value_json(v: &Value) -> Json {
     match v {
         Value::String(s) => json!(s),
         Value::Bool(b) => json!(b),
-        Value::F32(x) => json!(x),
+        // Through the shortest decimal that reads back as this f32, so 1e-6 is not shown as
+        // 9.999999974752427e-7.
+        Value::F32(x) => x
+            .to_string()
+            .parse::<f64>()
+            .map_or(Json::Null, |x| json!(x)),
         Value::F64(x) => json!(x),
         Value::Array(a) if a.len() > JSON_ARRAY_LIMIT || a.elem_type() == ValueType::Array => {
             json!({"array_of": a.elem_type().name(), "len": a.len()})

@@ -1,0 +1,122 @@
+//! The `akunu` binary as a user runs it.
+
+use std::process::{Command, Output};
+
+use akunu_formats::gguf::{GgufWriter, MetaValue};
+use akunu_formats::GgmlType;
+use serde_json::Value as Json;
+
+fn akunu(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_akunu"))
+        .args(args)
+        // Never reach the network from these tests.
+        .env("AKUNU_CACHE", "/nonexistent-akunu-cache")
+        .env("AKUNU_PYPI_URL", "http://127.0.0.1:9")
+        .output()
+        .unwrap()
+}
+
+fn stdout(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "akunu failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn small_model(dir: &std::path::Path) -> String {
+    let mut w = GgufWriter::new();
+    w.add("general.architecture", "llama").unwrap();
+    w.add("general.name", "tiny").unwrap();
+    w.add("llama.block_count", 1u32).unwrap();
+    w.add("llama.rope.freq_base", 1e-6f32).unwrap();
+    w.add("tokenizer.ggml.model", "gpt2").unwrap();
+    w.add(
+        "tokenizer.ggml.tokens",
+        MetaValue::strings(["a", "b", "ab"]),
+    )
+    .unwrap();
+    w.add("tokenizer.ggml.merges", MetaValue::strings(["a b"]))
+        .unwrap();
+    w.add("tokenizer.ggml.bos_token_id", 0u32).unwrap();
+    w.add("tokenizer.chat_template", "{{ messages }}").unwrap();
+    w.add_tensor("blk.0.w", GgmlType::Q4_K, &[256, 2], vec![7u8; 288])
+        .unwrap();
+    w.add_tensor("norm", GgmlType::F32, &[4], vec![1u8; 16])
+        .unwrap();
+    let path = dir.join("tiny.gguf");
+    w.write_file(&path).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+#[test]
+fn inspect_text_and_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = small_model(dir.path());
+    let text = stdout(&akunu(&["inspect", &model]));
+    for needle in [
+        "architecture   llama",
+        "block_count",
+        "model          gpt2",
+        "merges         1",
+        "chat template  present (14 bytes)",
+        "blk.0.w",
+        "Q4_K",
+        "[256, 2]",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
+    }
+    let json: Json =
+        serde_json::from_str(&stdout(&akunu(&["inspect", "--json", "-m", &model]))).unwrap();
+    assert_eq!(json["tensor_count"], 2);
+    assert_eq!(json["hyperparameters"]["block_count"], 1);
+    assert_eq!(json["hyperparameters"]["rope.freq_base"], 1e-6);
+    assert_eq!(json["tokenizer"]["tokens"], 3);
+    assert_eq!(json["chat_template"], true);
+    assert_eq!(json["totals_by_type"]["Q4_K"]["bytes"], 288);
+    assert_eq!(json["tensors"][0]["shape"], serde_json::json!([256, 2]));
+}
+
+#[test]
+fn bad_input_gives_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.gguf");
+    std::fs::write(&junk, b"not a model at all").unwrap();
+    let out = akunu(&["inspect", junk.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not a GGUF file"), "{err}");
+
+    let out = akunu(&["pull", "not a spec"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: "));
+
+    let out = akunu(&["pull", "--sha256", "00"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("carries its own digest"));
+}
+
+#[test]
+fn inspect_the_default_model() {
+    let Some(model) = akunu_testutil::model() else {
+        return;
+    };
+    let json: Json = serde_json::from_str(&stdout(&akunu(&[
+        "inspect",
+        "--json",
+        model.to_str().unwrap(),
+    ])))
+    .unwrap();
+    assert_eq!(json["tensor_count"], 236);
+    assert_eq!(json["architecture"], "gemma3");
+    let hp = &json["hyperparameters"];
+    assert_eq!(hp["block_count"], 18);
+    assert_eq!(hp["embedding_length"], 640);
+    assert_eq!(hp["attention.head_count"], 4);
+    assert_eq!(hp["attention.head_count_kv"], 1);
+    assert_eq!(hp["attention.key_length"], 256);
+    assert_eq!(hp["attention.sliding_window"], 512);
+    assert_eq!(hp["attention.layer_norm_rms_epsilon"], 1e-6);
+    assert_eq!(json["tokenizer"]["tokens"], 262_144);
+}
