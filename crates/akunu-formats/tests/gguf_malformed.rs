@@ -113,7 +113,7 @@ fn random_corruption_never_panics() {
                 let _ = v.to_owned_value();
             }
             for t in file.tensors() {
-                assert_eq!(file.tensor_data(t).len() as u64, t.n_bytes);
+                assert_eq!(file.tensor_data(t).map(|d| d.len() as u64), Some(t.n_bytes));
             }
         }
     }
@@ -238,6 +238,15 @@ fn tensor_faults() {
     assert!(err(&one_tensor(&[1, 1, 1, 1, 1], 0, 0, 4)).contains("dimensions"));
     assert!(err(&one_tensor(&[u64::MAX, 2], 0, 0, 4)).contains("overflow"));
     assert!(err(&one_tensor(&[1 << 32, 1 << 32], 0, 0, 4)).contains("overflow"));
+    // A zero dimension must not hide a product of the others that overflows.
+    assert!(err(&one_tensor(&[0, 1 << 32, 1 << 32], 0, 0, 4)).contains("overflow"));
+    assert!(err(&one_tensor(&[0, u64::MAX], 0, 0, 4)).contains("overflow"));
+    let empty = one_tensor(&[0, 3, 5], 0, 0, 0).parse().unwrap();
+    assert_eq!(
+        (empty.tensors()[0].n_elements, empty.tensors()[0].n_rows()),
+        (0, 15)
+    );
+    assert!(err(&one_tensor(&[], 2, 0, 64)).contains("not a multiple of the Q4_0 block size"));
     for code in [4, 5, 31, 36, 1000] {
         assert!(
             err(&one_tensor(&[32], code, 0, 64)).contains("unknown ggml type"),
@@ -279,6 +288,17 @@ fn tensor_faults() {
         .bytes(&[0; 64]);
     let file = r.parse().unwrap();
     assert_eq!(file.tensor("b").unwrap().offset, 32);
+}
+
+#[test]
+fn tensor_data_refuses_foreign_infos() {
+    let file = GgufFile::from_bytes(valid_file()).unwrap();
+    let mut info = file.tensors()[0].clone();
+    info.offset = u64::MAX - 4;
+    assert_eq!(file.tensor_data(&info), None);
+    info.offset = 0;
+    info.n_bytes = 1 << 40;
+    assert_eq!(file.tensor_data(&info), None);
 }
 
 #[test]

@@ -33,3 +33,33 @@ pub const MAX_DIMS: usize = 4;
 /// Arrays of arrays deeper than this are refused: real files nest at most once, and a bound
 /// keeps a hostile file from exhausting the stack.
 pub const MAX_ARRAY_DEPTH: usize = 8;
+
+/// Element count and byte size of a tensor, or why the shape is invalid. Reader and writer share
+/// it, so a written file always reads back. As in ggml, every dimension and every partial product
+/// must fit in an i64 (a zero dimension counts as one for that check, so a later dimension cannot
+/// overflow a product that a zero would hide), and the innermost dimension must hold whole blocks.
+pub(crate) fn tensor_extent(ty: akunu_quant::GgmlType, dims: &[u64]) -> Result<(u64, u64), String> {
+    if dims.len() > MAX_DIMS {
+        return Err(format!(
+            "{} dimensions, at most {MAX_DIMS} allowed",
+            dims.len()
+        ));
+    }
+    dims.iter()
+        .try_fold(1u64, |acc, &d| {
+            acc.checked_mul(d.max(1)).filter(|&n| n <= i64::MAX as u64)
+        })
+        .ok_or_else(|| format!("element count of dimensions {dims:?} overflows"))?;
+    let n_elements: u64 = dims.iter().product();
+    let ne0 = dims.first().copied().unwrap_or(1);
+    let block = ty.block_size() as u64;
+    if ne0 % block != 0 {
+        return Err(format!(
+            "first dimension {ne0} is not a multiple of the {ty} block size {block}"
+        ));
+    }
+    let n_bytes = ty
+        .bytes_for(n_elements)
+        .ok_or_else(|| format!("size of {n_elements} {ty} elements overflows"))?;
+    Ok((n_elements, n_bytes))
+}

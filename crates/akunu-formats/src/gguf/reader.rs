@@ -8,7 +8,7 @@ use memmap2::Mmap;
 
 use super::cursor::Cursor;
 use super::value::{Value, ValueType};
-use super::{GgufError, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_DIMS};
+use super::{tensor_extent, GgufError, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_DIMS};
 
 /// One tensor of the index. `dims[0]` is the contiguous (innermost) dimension, as in ggml: for a
 /// linear layer's weight that is the input width, and `dims[1]` the number of outputs.
@@ -102,8 +102,8 @@ impl GgufFile {
 
         // Each KV takes at least 8 (key length) + 4 (type) + 1 bytes.
         check_count(&cur, n_kvs, 13, "metadata entries")?;
-        let mut kvs = Vec::with_capacity(n_kvs as usize);
-        let mut kv_index = HashMap::with_capacity(n_kvs as usize);
+        let mut kvs = Vec::with_capacity(initial_capacity(n_kvs));
+        let mut kv_index = HashMap::with_capacity(initial_capacity(n_kvs));
         for i in 0..n_kvs {
             let key = cur.string(|| format!("key of metadata entry {i}"))?;
             let code = cur.u32(|| format!("value type of {key:?}"))?;
@@ -142,8 +142,8 @@ impl GgufFile {
 
         // Each tensor info takes at least 8 (name length) + 4 + 4 + 8 bytes.
         check_count(&cur, n_tensors, 24, "tensor infos")?;
-        let mut tensors = Vec::with_capacity(n_tensors as usize);
-        let mut tensor_index = HashMap::with_capacity(n_tensors as usize);
+        let mut tensors = Vec::with_capacity(initial_capacity(n_tensors));
+        let mut tensor_index = HashMap::with_capacity(initial_capacity(n_tensors));
         for i in 0..n_tensors {
             let info = read_tensor_info(&mut cur, i, alignment)?;
             if tensor_index
@@ -241,10 +241,12 @@ impl GgufFile {
         self.tensors.get(*self.tensor_index.get(name)?)
     }
 
-    /// The bytes of a tensor of this file (bounds were checked at open).
-    pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
-        let start = (self.data_offset + info.offset) as usize;
-        &self.bytes()[start..start + info.n_bytes as usize]
+    /// The bytes of a tensor. Every tensor of this file's index has them (bounds were checked at
+    /// open); `None` only for a `TensorInfo` that describes bytes this file does not have.
+    pub fn tensor_data(&self, info: &TensorInfo) -> Option<&[u8]> {
+        let start = usize::try_from(self.data_offset.checked_add(info.offset)?).ok()?;
+        let end = start.checked_add(usize::try_from(info.n_bytes).ok()?)?;
+        self.bytes().get(start..end)
     }
 }
 
@@ -264,6 +266,14 @@ fn check_count(cur: &Cursor, count: u64, min_size: u64, what: &str) -> Result<()
             available,
         }),
     }
+}
+
+/// Room reserved before parsing `count` entries. A count is only known to fit the file's bytes,
+/// and each entry takes far more memory than its smallest encoding, so a hostile count could
+/// still ask for many times the file's size: reserve a little and let the collections grow with
+/// what actually parses.
+fn initial_capacity(count: u64) -> usize {
+    count.min(4096) as usize
 }
 
 fn align_up(x: u64, alignment: u64) -> u64 {
@@ -293,25 +303,7 @@ fn read_tensor_info(cur: &mut Cursor, i: u64, alignment: u64) -> Result<TensorIn
         name: name.clone(),
         code,
     })?;
-    let n_elements = dims
-        .iter()
-        .try_fold(1u64, |acc, &d| {
-            acc.checked_mul(d).filter(|&n| n <= i64::MAX as u64)
-        })
-        .ok_or_else(|| bad(format!("element count of dimensions {dims:?} overflows")))?;
-    if dims
-        .first()
-        .is_some_and(|&ne0| ne0 % ty.block_size() as u64 != 0)
-    {
-        return Err(bad(format!(
-            "first dimension {} is not a multiple of the {ty} block size {}",
-            dims[0],
-            ty.block_size()
-        )));
-    }
-    let n_bytes = ty
-        .bytes_for(n_elements)
-        .ok_or_else(|| bad(format!("size of {n_elements} {ty} elements overflows")))?;
+    let (n_elements, n_bytes) = tensor_extent(ty, &dims).map_err(bad)?;
     if offset % alignment != 0 {
         return Err(bad(format!(
             "offset {offset} is not a multiple of the alignment {alignment}"

@@ -7,7 +7,7 @@ use std::path::Path;
 use akunu_quant::GgmlType;
 
 use super::value::MetaValue;
-use super::{GgufError, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ARRAY_DEPTH, MAX_DIMS};
+use super::{tensor_extent, GgufError, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ARRAY_DEPTH};
 
 struct PendingTensor<'a> {
     name: String,
@@ -59,6 +59,11 @@ impl<'a> GgufWriter<'a> {
     pub fn add(&mut self, key: &str, value: impl Into<MetaValue>) -> Result<(), GgufError> {
         let value = value.into();
         check_value(key, &value, 0)?;
+        if self.keys.contains(key) {
+            return Err(GgufError::DuplicateKey {
+                key: key.to_owned(),
+            });
+        }
         if key == "general.alignment" {
             match value {
                 MetaValue::U32(a) if a.is_power_of_two() => self.alignment = a.into(),
@@ -69,11 +74,7 @@ impl<'a> GgufWriter<'a> {
                 }
             }
         }
-        if !self.keys.insert(key.to_owned()) {
-            return Err(GgufError::DuplicateKey {
-                key: key.to_owned(),
-            });
-        }
+        self.keys.insert(key.to_owned());
         self.kvs.push((key.to_owned(), value));
         Ok(())
     }
@@ -91,27 +92,7 @@ impl<'a> GgufWriter<'a> {
             name: name.to_owned(),
             reason,
         };
-        if dims.len() > MAX_DIMS {
-            return Err(bad(format!(
-                "{} dimensions, at most {MAX_DIMS} allowed",
-                dims.len()
-            )));
-        }
-        let n_elements = dims
-            .iter()
-            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-            .ok_or_else(|| bad("element count overflows".into()))?;
-        if dims
-            .first()
-            .is_some_and(|&ne0| ne0 % ty.block_size() as u64 != 0)
-        {
-            return Err(bad(format!(
-                "first dimension is not a multiple of {ty}'s block size"
-            )));
-        }
-        let expected = ty
-            .bytes_for(n_elements)
-            .ok_or_else(|| bad("byte size overflows".into()))?;
+        let (n_elements, expected) = tensor_extent(ty, dims).map_err(bad)?;
         if data.len() as u64 != expected {
             return Err(bad(format!(
                 "{} bytes of data given, {n_elements} {ty} elements take {expected}",
