@@ -24,11 +24,19 @@ fn synthetic(dir: &std::path::Path) -> PathBuf {
         MetaValue::f32s((0..n).map(|i| -(i as f32))),
     )
     .unwrap();
-    w.add("tokenizer.ggml.token_type", MetaValue::i32s((0..n).map(|_| 1)))
-        .unwrap();
+    w.add(
+        "tokenizer.ggml.token_type",
+        MetaValue::i32s((0..n).map(|_| 1)),
+    )
+    .unwrap();
     for i in 0..236 {
-        w.add_tensor(&format!("blk.{i}.w"), GgmlType::Q4_K, &[256, 4], vec![1u8; 576])
-            .unwrap();
+        w.add_tensor(
+            &format!("blk.{i}.w"),
+            GgmlType::Q4_K,
+            &[256, 4],
+            vec![1u8; 576],
+        )
+        .unwrap();
     }
     let path = dir.join("synthetic.gguf");
     w.write_file(&path).unwrap();
