@@ -88,7 +88,10 @@ ggml_types! {
 impl GgmlType {
     /// The type with ggml's name, case-insensitively (`"q4_k"` finds `Q4_K`).
     pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.iter().copied().find(|t| t.name().eq_ignore_ascii_case(name))
+        Self::ALL
+            .iter()
+            .copied()
+            .find(|t| t.name().eq_ignore_ascii_case(name))
     }
 
     /// Bytes taken by `n_elements` elements, or `None` when `n_elements` is not a whole number of
