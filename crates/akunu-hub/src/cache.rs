@@ -3,22 +3,44 @@
 //! Layout next to every cached file `F`:
 //! - `F.meta.json`: `{"sha256": ..., "size": ...}` recorded after the content
 //!   was verified, so a later lookup can trust `F` without re-hashing it.
+//!   Written (through `F.meta.json.tmp`) only by the holder of `F.lock`.
 //! - `F.partial`: an unfinished download, renamed to `F` only once verified,
-//!   so `F` itself is never half-written.
+//!   so `F` itself is never half-written. `F.partial.validator` keeps the
+//!   `If-Range` validator of that download.
 //! - `F.lock`: an advisory lock held for the whole fetch, so two processes
 //!   asking for the same model neither interleave writes nor download twice.
 //!   Lock files are left in place: deleting them would race with a process
 //!   that has just opened one.
+//!
+//! Because these names are derived from `F`'s, a cached file must not itself
+//! be called like one of them: [`reserved_suffix`] tells callers which names
+//! to refuse.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::HubError;
+
+/// Suffix of an unfinished download.
+pub(crate) const PARTIAL: &str = ".partial";
+const META: &str = ".meta.json";
+const META_TMP: &str = ".meta.json.tmp";
+/// Appended to the partial file's name, not the cached file's.
+const VALIDATOR: &str = ".validator";
+const LOCK: &str = ".lock";
+
+/// The bookkeeping suffix `name` ends with, if any. A cached file with such a
+/// name would share its path with another file's sidecar, partial download or
+/// lock, and the two would overwrite each other.
+pub(crate) fn reserved_suffix(name: &str) -> Option<&'static str> {
+    [META, META_TMP, PARTIAL, VALIDATOR, LOCK]
+        .into_iter()
+        .find(|suffix| name.ends_with(suffix))
+}
 
 /// Path with `suffix` appended to the file name (`a.gguf` → `a.gguf.partial`).
 pub(crate) fn sibling(path: &Path, suffix: &str) -> PathBuf {
@@ -42,7 +64,7 @@ pub(crate) fn remove_if_exists(path: &Path) -> Result<(), HubError> {
 
 /// Where the `If-Range` validator of a `.partial` download is kept.
 pub(crate) fn validator_path(partial: &Path) -> PathBuf {
-    sibling(partial, ".validator")
+    sibling(partial, VALIDATOR)
 }
 
 /// Length of `path`, or `None` if it does not exist.
@@ -91,7 +113,7 @@ struct Meta {
 }
 
 fn meta_path(path: &Path) -> PathBuf {
-    sibling(path, ".meta.json")
+    sibling(path, META)
 }
 
 fn read_meta(path: &Path) -> Option<Meta> {
@@ -101,20 +123,36 @@ fn read_meta(path: &Path) -> Option<Meta> {
     serde_json::from_slice(&text).ok()
 }
 
+/// Record that `path` holds content with this digest and size. Only the
+/// holder of the [`CacheLock`] guarding `path` (its own, or the model's for
+/// the files of a chunked fetch) may call this: a sidecar written by anyone
+/// else could vouch for content that the lock holder has just replaced.
 pub(crate) fn write_meta(path: &Path, sha256: &str, size: u64) -> Result<(), HubError> {
     let meta = Meta {
         sha256: sha256.to_string(),
         size,
     };
     let target = meta_path(path);
-    // Unique per writer: an unlocked cache lookup may refresh the sidecar
-    // while another process holds the lock and writes it too.
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let tmp = sibling(&target, &format!(".tmp.{}.{n}", std::process::id()));
+    let tmp = sibling(path, META_TMP);
     let text = serde_json::to_vec(&meta).unwrap_or_default();
     fs::write(&tmp, text).map_err(|e| HubError::io(&tmp, e))?;
     fs::rename(&tmp, &target).map_err(|e| HubError::io(&target, e))
+}
+
+/// Move verified content from `partial` into place as `dest` and record it.
+///
+/// The old sidecar goes first: between the rename and the new sidecar, `dest`
+/// is merely unrecorded (a later check re-hashes it) instead of being vouched
+/// for by the digest of the content it replaced.
+pub(crate) fn install(
+    partial: &Path,
+    dest: &Path,
+    sha256: &str,
+    size: u64,
+) -> Result<(), HubError> {
+    remove_if_exists(&meta_path(dest))?;
+    fs::rename(partial, dest).map_err(|e| HubError::io(dest, e))?;
+    write_meta(dest, sha256, size)
 }
 
 /// Verify a finished `.partial` download and move it into place as `dest`.
@@ -138,9 +176,8 @@ pub(crate) fn commit(partial: &Path, dest: &Path, expected: Option<&str>) -> Res
         }
     }
     let size = file_len(partial)?.unwrap_or(0);
-    fs::rename(partial, dest).map_err(|e| HubError::io(dest, e))?;
-    remove_if_exists(&validator)?;
-    write_meta(dest, &actual, size)
+    install(partial, dest, &actual, size)?;
+    remove_if_exists(&validator)
 }
 
 /// Remove a cached file together with its sidecar.
@@ -149,7 +186,50 @@ pub(crate) fn remove_cached(path: &Path) -> Result<(), HubError> {
     remove_if_exists(&meta_path(path))
 }
 
-/// Is `path` a usable cached copy?
+/// A cached file as its sidecar describes it.
+struct Found {
+    len: u64,
+    /// The recorded digest, if there is a sidecar.
+    recorded: Option<String>,
+    /// The sidecar alone is enough to accept the file (see [`is_cached`]).
+    agrees: bool,
+}
+
+/// `None` when `path` is missing, not a file, or not the size its sidecar
+/// records.
+fn inspect(path: &Path, expected: Option<&str>) -> Result<Option<Found>, HubError> {
+    let Some(len) = file_len(path)? else {
+        return Ok(None);
+    };
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let meta = read_meta(path);
+    if meta.as_ref().is_some_and(|m| m.size != len) {
+        return Ok(None);
+    }
+    let recorded = meta.map(|m| m.sha256);
+    let agrees = match (expected, recorded.as_deref()) {
+        (Some(e), Some(r)) => e == r,
+        (Some(_), None) => false,
+        (None, _) => true,
+    };
+    Ok(Some(Found {
+        len,
+        recorded,
+        agrees,
+    }))
+}
+
+/// Is `path` a usable cached copy on its sidecar's word alone? Never hashes
+/// and never writes, so it needs no lock; `false` only means that
+/// [`is_cached`] has to look closer.
+pub(crate) fn is_recorded(path: &Path, expected: Option<&str>) -> Result<bool, HubError> {
+    Ok(inspect(path, expected)?.is_some_and(|found| found.agrees))
+}
+
+/// Is `path` a usable cached copy? Must be called while holding the
+/// [`CacheLock`] guarding `path`, since it may write the sidecar.
 ///
 /// - With an `expected` digest: the sidecar must record that digest and the
 ///   current size; otherwise the file is re-hashed once (and the sidecar
@@ -164,30 +244,17 @@ pub(crate) fn is_cached(
     expected: Option<&str>,
     verify: bool,
 ) -> Result<bool, HubError> {
-    let Some(len) = file_len(path)? else {
+    let Some(found) = inspect(path, expected)? else {
         return Ok(false);
     };
-    if !path.is_file() {
-        return Ok(false);
-    }
-    let meta = read_meta(path);
-    if meta.as_ref().is_some_and(|m| m.size != len) {
-        return Ok(false);
-    }
-    let recorded = meta.as_ref().map(|m| m.sha256.as_str());
-    let agrees = match (expected, recorded) {
-        (Some(e), Some(r)) => e == r,
-        (Some(_), None) => false,
-        (None, _) => true,
-    };
-    if agrees && !verify {
+    if found.agrees && !verify {
         return Ok(true);
     }
     let actual = sha256_file(path)?;
-    match expected.or(recorded) {
+    match expected.or(found.recorded.as_deref()) {
         Some(want) if want != actual => Ok(false),
         _ => {
-            write_meta(path, &actual, len)?;
+            write_meta(path, &actual, found.len)?;
             Ok(true)
         }
     }
@@ -201,7 +268,7 @@ pub(crate) struct CacheLock {
 impl CacheLock {
     /// Take the lock, calling `on_wait` once if another process holds it.
     pub(crate) fn acquire(path: &Path, on_wait: impl FnOnce()) -> Result<Self, HubError> {
-        let lock_path = sibling(path, ".lock");
+        let lock_path = sibling(path, LOCK);
         let file = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -256,6 +323,37 @@ mod tests {
         // A changed size is noticed through the sidecar without hashing.
         fs::write(&f, b"hello!").unwrap();
         assert!(!is_cached(&f, None, false).unwrap());
+    }
+
+    #[test]
+    fn replacing_a_file_drops_its_sidecar_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("m.bin");
+        let partial = sibling(&dest, PARTIAL);
+        fs::write(&partial, b"new content").unwrap();
+        // A directory in the way makes the rename fail, stopping the commit
+        // between its steps: the old sidecar must already be gone by then,
+        // or it would vouch for whatever ends up at `dest`.
+        fs::create_dir(&dest).unwrap();
+        write_meta(&dest, &"0".repeat(64), 11).unwrap();
+        assert!(commit(&partial, &dest, None).is_err());
+        assert!(read_meta(&dest).is_none());
+    }
+
+    #[test]
+    fn reserved_names() {
+        for name in [
+            "a.meta.json",
+            "a.meta.json.tmp",
+            "a.partial",
+            "a.partial.validator",
+            "a.lock",
+        ] {
+            assert!(reserved_suffix(name).is_some(), "{name}");
+        }
+        for name in ["a.gguf", "meta.json.gguf", "a.locked", "partial"] {
+            assert_eq!(reserved_suffix(name), None, "{name}");
+        }
     }
 
     #[test]

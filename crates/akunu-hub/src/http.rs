@@ -8,8 +8,11 @@
 //! A download appends to `<file>.partial`. A retry or a later run asks for the
 //! rest with `Range`, guarded by `If-Range` with the validator (`ETag` or
 //! `Last-Modified`) saved when the transfer first started, so a file that
-//! changed on the server is restarted instead of silently spliced. A server
-//! that ignores `Range` answers 200 and the partial file is simply truncated.
+//! changed on the server is restarted instead of silently spliced. Without a
+//! saved validator a resume is only attempted when the caller will check the
+//! result against a known sha256 (a splice then fails that check); otherwise
+//! the download starts over. A server that ignores `Range` answers 200 and the
+//! partial file is simply truncated.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
@@ -270,16 +273,18 @@ impl Client {
     }
 
     /// Download `url` into `partial`, resuming whatever is already there.
-    /// The caller verifies and renames the result.
+    /// The caller verifies and renames the result; `digest_known` says that
+    /// it will check a sha256 it knows already (see the module docs).
     pub(crate) fn download(
         &self,
         url: &str,
         bearer: Option<&str>,
         partial: &Path,
+        digest_known: bool,
         progress: &mut Progress,
     ) -> Result<Downloaded, HubError> {
         self.retrying(progress, Progress::note, |progress| {
-            self.attempt_download(url, bearer, partial, progress)
+            self.attempt_download(url, bearer, partial, digest_known, progress)
         })
     }
 
@@ -288,17 +293,27 @@ impl Client {
         url: &str,
         bearer: Option<&str>,
         partial: &Path,
+        digest_known: bool,
         progress: &mut Progress,
     ) -> Result<Downloaded, Failed> {
         let vpath = validator_path(partial);
-        let offset = file_len(partial)?.unwrap_or(0);
+        let mut offset = file_len(partial)?.unwrap_or(0);
+        let saved = fs::read_to_string(&vpath)
+            .ok()
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty());
+        if offset > 0 && saved.is_none() && !digest_known {
+            // Nothing could tell whether the server's file is still the one
+            // the partial bytes came from. Asking from byte 0 makes the
+            // answer overwrite them.
+            progress.note("cannot tell whether the file changed; restarting from the beginning");
+            offset = 0;
+        }
         let mut headers = Vec::new();
         if offset > 0 {
             headers.push(("Range", format!("bytes={offset}-")));
-            if let Ok(v) = fs::read_to_string(&vpath) {
-                if !v.trim().is_empty() {
-                    headers.push(("If-Range", v.trim().to_string()));
-                }
+            if let Some(v) = saved {
+                headers.push(("If-Range", v));
             }
         }
         let reply = self.send(url, bearer, &headers)?;
@@ -317,22 +332,33 @@ impl Client {
                         reason: format!("asked for bytes from {offset}, got a different range"),
                     }));
                 }
-                let total = total.or_else(|| reply.content_length().map(|n| n + offset));
-                let file = OpenOptions::new()
-                    .append(true)
-                    .open(partial)
-                    .map_err(|e| HubError::io(partial, e))?;
+                let total = match (total, reply.content_length()) {
+                    (Some(total), _) => Some(total),
+                    (None, Some(n)) => {
+                        Some(n.checked_add(offset).ok_or_else(|| HubError::BadResponse {
+                            url: reply.url.clone(),
+                            reason: format!("Content-Length {n} past byte {offset} overflows"),
+                        })?)
+                    }
+                    (None, None) => None,
+                };
+                let file = if offset == 0 {
+                    // Not asked for a range, yet one from byte 0: as good as
+                    // a 200.
+                    start_fresh(partial, &vpath, reply.response.headers())?
+                } else {
+                    OpenOptions::new()
+                        .append(true)
+                        .open(partial)
+                        .map_err(|e| HubError::io(partial, e))?
+                };
                 (file, offset, total)
             }
             200 => {
                 if offset > 0 {
                     progress.note("server sent the whole file; restarting from the beginning");
                 }
-                let file = File::create(partial).map_err(|e| HubError::io(partial, e))?;
-                match validator(reply.response.headers()) {
-                    Some(v) => fs::write(&vpath, v).map_err(|e| HubError::io(&vpath, e))?,
-                    None => remove_if_exists(&vpath)?,
-                }
+                let file = start_fresh(partial, &vpath, reply.response.headers())?;
                 (file, 0, reply.content_length())
             }
             416 if offset > 0 => {
@@ -346,7 +372,7 @@ impl Client {
                     return Ok(Downloaded { etag_sha256 });
                 }
                 remove_if_exists(partial)?;
-                return self.attempt_download(url, bearer, partial, progress);
+                return self.attempt_download(url, bearer, partial, digest_known, progress);
             }
             status => return Err(status_error(&reply.url, status)),
         };
@@ -364,6 +390,17 @@ impl Client {
         }
         Ok(Downloaded { etag_sha256 })
     }
+}
+
+/// Truncate `partial` for a download from byte 0 and keep the reply's
+/// validator (or drop a stale one) for resuming it.
+fn start_fresh(partial: &Path, vpath: &Path, headers: &HeaderMap) -> Result<File, HubError> {
+    let file = File::create(partial).map_err(|e| HubError::io(partial, e))?;
+    match validator(headers) {
+        Some(v) => fs::write(vpath, v).map_err(|e| HubError::io(vpath, e))?,
+        None => remove_if_exists(vpath)?,
+    }
+    Ok(file)
 }
 
 /// Stream the body into `file`, keeping read (network) and write (disk)

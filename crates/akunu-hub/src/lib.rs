@@ -45,7 +45,7 @@ pub use chunked::{Chunk, ChunkedModel};
 pub use error::{BoxError, HubError};
 pub use source::{HfFile, ModelSource};
 
-use cache::{is_cached, normalize_sha256, sibling, CacheLock};
+use cache::{is_cached, is_recorded, normalize_sha256, sibling, CacheLock, PARTIAL};
 use http::{Client, ClientConfig};
 use progress::Progress;
 
@@ -242,7 +242,9 @@ fn fetch_remote(
     opts: &FetchOptions,
 ) -> Result<PathBuf, HubError> {
     let expected = opts.sha256.as_deref().map(normalize_sha256).transpose()?;
-    if is_cached(dest, expected.as_deref(), opts.verify_cached)? {
+    // Without the lock only the sidecar is consulted; anything that needs a
+    // hash (and so may write a sidecar) waits for the lock below.
+    if !opts.verify_cached && is_recorded(dest, expected.as_deref())? {
         return Ok(dest.to_path_buf());
     }
     if let Some(parent) = dest.parent() {
@@ -262,8 +264,8 @@ fn fetch_remote(
     if is_cached(dest, expected.as_deref(), opts.verify_cached)? {
         return Ok(dest.to_path_buf());
     }
-    let partial = sibling(dest, ".partial");
-    let done = client.download(url, bearer, &partial, &mut progress)?;
+    let partial = sibling(dest, PARTIAL);
+    let done = client.download(url, bearer, &partial, expected.is_some(), &mut progress)?;
     progress.finish();
     let want = expected.or(if trust_etag { done.etag_sha256 } else { None });
     cache::commit(&partial, dest, want.as_deref())?;
@@ -350,6 +352,45 @@ mod tests {
         };
         let err = resolve(None, &opts).unwrap_err();
         assert!(matches!(err, HubError::Network { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn only_the_lock_holder_records_a_digest() {
+        use sha2::{Digest, Sha256};
+        let dir = tempfile::tempdir().unwrap();
+        // Nothing listens there: the file must come from the cache.
+        let url = "http://127.0.0.1:9/m.gguf";
+        let content = b"cached but never recorded";
+        let opts = FetchOptions {
+            cache_dir: Some(dir.path().to_path_buf()),
+            sha256: Some(cache::hex(&Sha256::digest(content))),
+            quiet: true,
+            retries: 0,
+            connect_timeout: Duration::from_secs(2),
+            ..FetchOptions::default()
+        };
+        let dest = opts
+            .models_dir()
+            .unwrap()
+            .join(source::url_cache_relpath(url));
+        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+        std::fs::write(&dest, content).unwrap();
+        let sidecar = sibling(&dest, ".meta.json");
+
+        std::thread::scope(|s| {
+            // Taken inside the scope so that a failed assertion releases it
+            // before the scope waits for the fetch.
+            let lock = CacheLock::acquire(&dest, || {}).unwrap();
+            let fetch = s.spawn(|| resolve(Some(url), &opts));
+            std::thread::sleep(Duration::from_millis(300));
+            // Accepting the file needs a hash and a new sidecar, which may
+            // only happen under the lock: the fetch has to wait for it.
+            assert!(!sidecar.exists(), "sidecar written without the lock");
+            assert!(!fetch.is_finished());
+            drop(lock);
+            assert_eq!(fetch.join().unwrap().unwrap(), dest);
+        });
+        assert!(sidecar.exists());
     }
 
     #[test]

@@ -5,8 +5,9 @@
 //! large download is moving without being flooded; nothing when quiet.
 //!
 //! One `Progress` can span several files (the chunk wheels of one model): the
-//! caller fixes the overall total up front and each file reports its own
-//! position, which is added to the bytes of the files before it.
+//! caller fixes the overall total up front when it knows it, and each file
+//! reports its own position, which is added to the bytes of the files before
+//! it.
 
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
@@ -29,6 +30,7 @@ pub(crate) struct Progress {
     sink: Sink,
     /// Fixed total across all files, when known before the first file starts.
     overall: Option<u64>,
+    /// The overall total, else the finished files plus the current one's size.
     total: Option<u64>,
     /// Bytes of files already finished.
     base: u64,
@@ -44,9 +46,9 @@ impl Progress {
         Self::build(label, quiet, None)
     }
 
-    /// Progress for several files whose combined size is known up front.
-    pub(crate) fn with_total(label: &str, quiet: bool, total: u64) -> Self {
-        Self::build(label, quiet, Some(total))
+    /// Progress for several files, with their combined size if known up front.
+    pub(crate) fn for_files(label: &str, quiet: bool, total: Option<u64>) -> Self {
+        Self::build(label, quiet, total)
     }
 
     fn build(label: &str, quiet: bool, overall: Option<u64>) -> Self {
@@ -71,10 +73,12 @@ impl Progress {
 
     /// A file transfer starts (or restarts) at `file_pos` of `file_total`.
     pub(crate) fn begin_file(&mut self, file_total: Option<u64>, file_pos: u64) {
+        // Sizes may come from an untrusted index or server: positions
+        // saturate rather than overflow, since they only feed the display.
         if self.overall.is_none() {
-            self.total = file_total;
+            self.total = file_total.map(|t| t.saturating_add(self.base));
         }
-        self.pos = self.base + file_pos;
+        self.pos = self.base.saturating_add(file_pos);
         if self.started.is_none() {
             self.started = Some((Instant::now(), self.pos));
             self.announce();
@@ -91,7 +95,7 @@ impl Progress {
 
     /// `n` more bytes of the current file arrived.
     pub(crate) fn advance(&mut self, n: u64) {
-        self.pos += n;
+        self.pos = self.pos.saturating_add(n);
         match &self.sink {
             Sink::Quiet | Sink::Bar(None) => {}
             Sink::Bar(Some(bar)) => bar.set_position(self.pos),
@@ -187,9 +191,9 @@ impl Progress {
         match self.total {
             Some(t) if t > 0 => {
                 let step = t.div_ceil(10);
-                (pos / step + 1) * step
+                (pos / step).saturating_add(1).saturating_mul(step)
             }
-            _ => (pos / UNKNOWN_TOTAL_LOG_STEP + 1) * UNKNOWN_TOTAL_LOG_STEP,
+            _ => (pos / UNKNOWN_TOTAL_LOG_STEP + 1).saturating_mul(UNKNOWN_TOTAL_LOG_STEP),
         }
     }
 

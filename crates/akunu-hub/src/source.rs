@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::cache::reserved_suffix;
 use crate::chunked::ChunkedModel;
 use crate::error::HubError;
 
@@ -81,6 +82,15 @@ impl HfFile {
         };
         if self.path.split('/').any(bad_segment) {
             return Err(format!("invalid file path {:?}", self.path));
+        }
+        // Each segment becomes a file or directory name in the cache, next
+        // to the bookkeeping files of its siblings.
+        if let Some(suffix) = self.path.split('/').find_map(reserved_suffix) {
+            return Err(format!(
+                "file path {:?} has a name ending in {suffix:?}, which the cache reserves \
+                 for its own files",
+                self.path
+            ));
         }
         if let Some(rev) = &self.revision {
             if rev.chars().any(char::is_whitespace) || rev.split('/').any(bad_segment) {
@@ -193,19 +203,24 @@ fn validate_url(url: &str) -> Result<(), String> {
 }
 
 /// Cache location for a plain URL, relative to the models directory:
-/// `url/<host>/<16 hex of sha256(url)>/<file name>`. The hash keeps two URLs
-/// with the same file name apart; the readable host and name keep the cache
-/// browsable.
+/// `url/<host>[_<port>]/<16 hex of sha256(url)>/<file name>`. The hash keeps
+/// two URLs with the same file name apart; the readable host and name keep
+/// the cache browsable. Credentials in the URL stay out of the path.
+///
+/// Every URL gets a directory of its own, so its file cannot meet another
+/// file's bookkeeping names: unlike Hugging Face paths, URL file names need no
+/// check against [`reserved_suffix`].
 pub(crate) fn url_cache_relpath(url: &str) -> PathBuf {
     use sha2::{Digest, Sha256};
     let digest = Sha256::digest(url.as_bytes());
     let short: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
     let (host, name) = match url.parse::<ureq::http::Uri>() {
         Ok(uri) => {
-            let host = uri
-                .authority()
-                .map(|a| a.as_str().to_string())
-                .unwrap_or_default();
+            let host = match (uri.host(), uri.port_u16()) {
+                (Some(host), Some(port)) => format!("{host}_{port}"),
+                (Some(host), None) => host.to_string(),
+                (None, _) => String::new(),
+            };
             let name = uri
                 .path()
                 .rsplit('/')
@@ -335,6 +350,12 @@ mod tests {
             "./definitely/not/here.gguf",
             "/definitely/not/here.gguf",
             "hf://o/r",
+            "o/r/m.gguf.meta.json",
+            "o/r/m.gguf.meta.json.tmp",
+            "o/r/m.gguf.partial",
+            "o/r/m.gguf.partial.validator",
+            "o/r/m.gguf.lock",
+            "o/r/sub.lock/m.gguf",
         ] {
             assert!(
                 matches!(ModelSource::parse(spec), Err(HubError::BadSpec { .. })),
@@ -361,5 +382,19 @@ mod tests {
         assert_eq!(c.file_name().unwrap(), "download");
         let d = url_cache_relpath("http://h/");
         assert_eq!(d.file_name().unwrap(), "download");
+    }
+
+    #[test]
+    fn url_credentials_stay_out_of_the_cache_path() {
+        let p = url_cache_relpath("https://user:secret@h.example:8443/m.gguf");
+        assert!(p.starts_with("url/h.example_8443"), "{p:?}");
+        let shown = p.to_string_lossy();
+        assert!(
+            !shown.contains("user") && !shown.contains("secret"),
+            "{p:?}"
+        );
+        let p = url_cache_relpath("https://user@h.example/m.gguf");
+        assert!(p.starts_with("url/h.example"), "{p:?}");
+        assert!(!p.to_string_lossy().contains("user"), "{p:?}");
     }
 }

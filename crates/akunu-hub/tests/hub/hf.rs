@@ -115,3 +115,34 @@ fn explicit_sha_wins_over_etag() {
     let err = resolve(Some("o/r/m.gguf"), &opts).unwrap_err();
     assert!(matches!(err, HubError::ShaMismatch { .. }), "{err:?}");
 }
+
+#[test]
+fn names_of_bookkeeping_files_are_refused() {
+    let (hf, cdn) = (Server::start(), Server::start());
+    let body = random_bytes(10_000, 14);
+    setup(
+        &hf,
+        &cdn,
+        "/o/r/resolve/main/m.gguf.meta.json",
+        &body,
+        &sha256_hex(&body),
+    );
+    let cache = tempfile::tempdir().unwrap();
+    let mut opts = options(cache.path(), &hf);
+    opts.hf_token = Some(TOKEN.into());
+
+    // Cached, this file would be the sidecar of `o/r/m.gguf`.
+    for spec in [
+        "o/r/m.gguf.meta.json",
+        "o/r/m.gguf.partial",
+        "o/r/m.gguf.lock",
+        "o/r/m.gguf.lock/x.gguf",
+    ] {
+        let err = resolve(Some(spec), &opts).unwrap_err();
+        assert!(
+            matches!(&err, HubError::BadSpec { reason, .. } if reason.contains("reserves")),
+            "{spec}: {err:?}"
+        );
+    }
+    assert!(hf.hits().is_empty());
+}

@@ -1,7 +1,8 @@
 //! A small HTTP/1.1 server for the integration tests, bound to 127.0.0.1 on
 //! a free port. It serves registered routes with `Range`/`If-Range`
 //! support, and can require a bearer token, redirect, ignore ranges, throttle,
-//! or cut a response short once (to exercise resuming). Every request is
+//! cut a response short once (to exercise resuming), or send a hand-written
+//! response (to play a broken or hostile server). Every request is
 //! recorded so tests can assert what was (or was not) asked for.
 
 use std::collections::HashMap;
@@ -31,6 +32,9 @@ pub struct Route {
     pub drop_after: Option<usize>,
     /// Pause between 16 KiB writes, to make transfers overlap.
     pub throttle: Option<Duration>,
+    /// Send exactly these bytes (status line, headers, body) and close,
+    /// whatever was asked.
+    pub raw: Option<Vec<u8>>,
 }
 
 impl Route {
@@ -38,6 +42,13 @@ impl Route {
         Route {
             status: 200,
             body,
+            ..Route::default()
+        }
+    }
+
+    pub fn raw(response: &str) -> Self {
+        Route {
+            raw: Some(response.as_bytes().to_vec()),
             ..Route::default()
         }
     }
@@ -173,6 +184,12 @@ fn handle(mut conn: TcpStream, state: &Mutex<State>) {
         respond(&mut conn, 404, &[], b"not found", None, None);
         return;
     };
+    if let Some(raw) = &route.raw {
+        let _ = conn.write_all(raw);
+        let _ = conn.flush();
+        let _ = conn.shutdown(std::net::Shutdown::Both);
+        return;
+    }
     if let Some(token) = &route.bearer {
         if headers.get("authorization") != Some(&format!("Bearer {token}")) {
             respond(&mut conn, 401, &[], b"unauthorized", None, None);

@@ -3,7 +3,7 @@
 use std::fs;
 use std::time::Duration;
 
-use akunu_hub::{resolve, HubError};
+use akunu_hub::{resolve, FetchOptions, HubError};
 
 use crate::server::{find_file, options, random_bytes, sha256_hex, Route, Server};
 
@@ -269,4 +269,90 @@ fn verify_cached_refetches_a_damaged_file() {
     assert_eq!(resolve(Some(&url), &opts).unwrap(), path);
     assert!(fs::read(&path).unwrap() == body, "content differs");
     assert_eq!(server.hits().len(), 2);
+}
+
+/// Cut a download of `body` short, leaving a partial file; returns its length.
+fn interrupt(server: &Server, cache: &std::path::Path, opts: &FetchOptions, body: &[u8]) -> u64 {
+    let mut route = Route::ok(body.to_vec());
+    route.drop_after = Some(100_000);
+    server.route("/m.gguf", route);
+    assert!(resolve(Some(&server.url("/m.gguf")), opts).is_err());
+    let partial = find_file(cache, "m.gguf.partial").expect("partial kept");
+    let have = fs::metadata(&partial).unwrap().len();
+    assert!(have > 0, "nothing arrived before the cut");
+    have
+}
+
+#[test]
+fn overflowing_length_of_a_resumed_range_is_a_bad_response() {
+    let server = Server::start();
+    let body = random_bytes(BODY_LEN, 20);
+    let cache = tempfile::tempdir().unwrap();
+    let mut opts = options(cache.path(), &server);
+    // The digest is what allows resuming without a validator.
+    opts.sha256 = Some(sha256_hex(&body));
+    let have = interrupt(&server, cache.path(), &opts, &body);
+
+    server.route(
+        "/m.gguf",
+        Route::raw(&format!(
+            "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {have}-{}/*\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n",
+            have + 4,
+            u64::MAX
+        )),
+    );
+    let err = resolve(Some(&server.url("/m.gguf")), &opts).unwrap_err();
+    assert!(
+        matches!(&err, HubError::BadResponse { reason, .. } if reason.contains("overflows")),
+        "{err:?}"
+    );
+    let hits = server.hits_for("/m.gguf");
+    assert_eq!(
+        hits[1].headers.get("range").map(String::as_str),
+        Some(format!("bytes={have}-").as_str())
+    );
+}
+
+#[test]
+fn resume_without_validator_or_digest_starts_over() {
+    let server = Server::start();
+    let old = random_bytes(BODY_LEN, 21);
+    let new = random_bytes(BODY_LEN, 22);
+    let cache = tempfile::tempdir().unwrap();
+    let opts = options(cache.path(), &server);
+    interrupt(&server, cache.path(), &opts, &old);
+
+    // No ETag, no Last-Modified, no digest: a resumed range of the new file
+    // would be spliced onto the old bytes unnoticed.
+    server.route("/m.gguf", Route::ok(new.clone()));
+    let path = resolve(Some(&server.url("/m.gguf")), &opts).unwrap();
+    assert!(fs::read(&path).unwrap() == new, "content differs");
+    let hits = server.hits_for("/m.gguf");
+    assert_eq!(hits.len(), 2);
+    assert!(!hits[1].headers.contains_key("range"));
+}
+
+#[test]
+fn unrequested_partial_content_is_handled() {
+    let server = Server::start();
+    let cache = tempfile::tempdir().unwrap();
+    let opts = options(cache.path(), &server);
+    let reply = |range: &str, body: &str| {
+        Route::raw(&format!(
+            "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {range}\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ))
+    };
+
+    // A range from byte 0 is the whole file, however it is labelled.
+    server.route("/a.gguf", reply("0-9/10", "0123456789"));
+    let path = resolve(Some(&server.url("/a.gguf")), &opts).unwrap();
+    assert_eq!(fs::read(&path).unwrap(), b"0123456789");
+
+    // Any other range cannot be used.
+    server.route("/b.gguf", reply("5-9/10", "56789"));
+    let err = resolve(Some(&server.url("/b.gguf")), &opts).unwrap_err();
+    assert!(matches!(err, HubError::BadResponse { .. }), "{err:?}");
 }
