@@ -228,19 +228,8 @@ impl BlockQ3_K {
     /// to `−4..=3`.
     pub fn quantize(x: &[f32; QK_K]) -> Self {
         let mut levels = [0i8; QK_K];
-        let mut scales = [0.0f32; 16];
-        let (mut amax, mut max_scale) = (0.0f32, 0.0f32);
-        for (j, (xs, ls)) in x
-            .chunks_exact(16)
-            .zip(levels.chunks_exact_mut(16))
-            .enumerate()
-        {
-            scales[j] = make_q3_quants(4, xs, ls);
-            if scales[j].abs() > amax {
-                amax = scales[j].abs();
-                max_scale = scales[j];
-            }
-        }
+        let (scales, max_scale) =
+            fit_sub_blocks(x, &mut levels, |xs, ls| make_q3_quants(4, xs, ls));
 
         let mut sc = [0u8; 12];
         let mut d = F16Le::from_f32(0.0);
@@ -427,20 +416,9 @@ impl BlockQ6_K {
     /// to `−32..=31`. A block whose fitted scales are all (near) zero is written as zeros.
     pub fn quantize(x: &[f32; QK_K]) -> Self {
         let mut levels = [0i8; QK_K];
-        let mut scales = [0.0f32; 16];
-        let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
-        for (j, (xs, ls)) in x
-            .chunks_exact(16)
-            .zip(levels.chunks_exact_mut(16))
-            .enumerate()
-        {
-            scales[j] = make_qx_quants(32, xs, ls);
-            if scales[j].abs() > max_abs_scale {
-                max_abs_scale = scales[j].abs();
-                max_scale = scales[j];
-            }
-        }
-        if max_abs_scale < GROUP_MAX_EPS {
+        let (scales, max_scale) =
+            fit_sub_blocks(x, &mut levels, |xs, ls| make_qx_quants(32, xs, ls));
+        if max_scale.abs() < GROUP_MAX_EPS {
             return bytemuck::Zeroable::zeroed();
         }
 
@@ -514,6 +492,29 @@ impl BlockQ8_K {
             bsums,
         }
     }
+}
+
+/// Fits every 16-value sub-block of a super-block with `fit`, which writes the sub-block's levels
+/// and returns its scale. Returns the scales and the one of largest magnitude, sign kept (the
+/// first such on ties), which sets the super-block scale of the symmetric K-quants.
+fn fit_sub_blocks(
+    x: &[f32; QK_K],
+    levels: &mut [i8; QK_K],
+    fit: impl Fn(&[f32], &mut [i8]) -> f32,
+) -> ([f32; 16], f32) {
+    let mut scales = [0.0f32; 16];
+    let mut max_scale = 0.0f32;
+    for ((scale, xs), ls) in scales
+        .iter_mut()
+        .zip(x.chunks_exact(16))
+        .zip(levels.chunks_exact_mut(16))
+    {
+        *scale = fit(xs, ls);
+        if scale.abs() > max_scale.abs() {
+            max_scale = *scale;
+        }
+    }
+    (scales, max_scale)
 }
 
 #[cfg(test)]
