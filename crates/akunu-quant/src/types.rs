@@ -83,6 +83,8 @@ ggml_types! {
     TQ1_0 = 34, "TQ1_0", 256, 54, false;
     TQ2_0 = 35, "TQ2_0", 256, 66, false;
     MXFP4 = 39, "MXFP4", 32, 17, false;
+    NVFP4 = 40, "NVFP4", 64, 36, false;
+    Q1_0 = 41, "Q1_0", 128, 18, false;
 }
 
 impl GgmlType {
@@ -126,7 +128,7 @@ mod tests {
             assert_eq!(GgmlType::from_code(t as u32), Some(t));
             assert_eq!(GgmlType::from_name(&t.name().to_lowercase()), Some(t));
         }
-        for removed in [4, 5, 31, 32, 33, 36, 37, 38, 1000] {
+        for removed in [4, 5, 31, 32, 33, 36, 37, 38, 42, 1000] {
             assert_eq!(GgmlType::from_code(removed), None);
         }
     }
