@@ -291,10 +291,7 @@ impl BlockQ4_K {
             .zip(self.qs.chunks_exact(32))
             .enumerate()
         {
-            let (sc1, m1) = scale_min_k4(2 * c, &self.scales);
-            let (sc2, m2) = scale_min_k4(2 * c + 1, &self.scales);
-            let (d1, m1) = (d * f32::from(sc1), min * f32::from(m1));
-            let (d2, m2) = (d * f32::from(sc2), min * f32::from(m2));
+            let [(d1, m1), (d2, m2)] = chunk_scales(d, min, &self.scales, c);
             let (lo, hi) = ys.split_at_mut(32);
             for l in 0..32 {
                 lo[l] = d1 * f32::from(qs[l] & 0xF) - m1;
@@ -339,10 +336,7 @@ impl BlockQ5_K {
             .zip(self.qs.chunks_exact(32))
             .enumerate()
         {
-            let (sc1, m1) = scale_min_k4(2 * c, &self.scales);
-            let (sc2, m2) = scale_min_k4(2 * c + 1, &self.scales);
-            let (d1, m1) = (d * f32::from(sc1), min * f32::from(m1));
-            let (d2, m2) = (d * f32::from(sc2), min * f32::from(m2));
+            let [(d1, m1), (d2, m2)] = chunk_scales(d, min, &self.scales, c);
             let (u1, u2) = (1u8 << (2 * c), 2u8 << (2 * c));
             let (lo, hi) = ys.split_at_mut(32);
             for l in 0..32 {
@@ -515,6 +509,15 @@ fn fit_sub_blocks(
         }
     }
     (scales, max_scale)
+}
+
+/// The effective (scale, min) of the two 32-element sub-blocks of 64-element chunk `c` of a
+/// Q4_K or Q5_K block: `d·sc` and `dmin·m`, with `sc`, `m` from [`scale_min_k4`].
+fn chunk_scales(d: f32, dmin: f32, scales: &[u8; 12], c: usize) -> [(f32, f32); 2] {
+    [2 * c, 2 * c + 1].map(|j| {
+        let (sc, m) = scale_min_k4(j, scales);
+        (d * f32::from(sc), dmin * f32::from(m))
+    })
 }
 
 #[cfg(test)]
