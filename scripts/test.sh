@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Runs every test against its independent reference:
-#   1. installs the reference packages (gguf, safetensors, mlx, ...) into a venv,
-#   2. builds ggml's own quantization library from the llama.cpp source on PyPI,
+#   1. installs the reference packages (gguf, safetensors, mlx, tokenizers, transformers, ...)
+#      into a venv,
+#   2. builds ggml's own quantization library and llama.cpp's tokenizer from the llama.cpp source
+#      on PyPI,
 #   3. generates reference data into $AKUNU_REFDATA (default .refdata/),
-#   4. fetches the default model (cached after the first run),
+#   4. fetches the default model (cached after the first run) and generates the tokenizer
+#      reference data, which needs its vocabulary,
 #   5. runs `cargo test --workspace --release` with all of it required.
 # Extra arguments go to `cargo test`. Environment: AKUNU_VENV, AKUNU_REFDATA, AKUNU_CACHE.
 set -euo pipefail
@@ -26,6 +29,9 @@ py=$venv/bin/python
 step "ggml reference library"
 scripts/ref/build_ggml_ref.sh "$refdata/ggml"
 
+step "llama.cpp tokenizer reference"
+scripts/ref/build_llama_ref.sh "$refdata/llama"
+
 step "reference data in $refdata"
 "$py" scripts/ref/gguf_fixtures.py write "$refdata/gguf"
 AKUNU_GGML_LIB="$refdata/ggml/libggml-base.so" "$py" scripts/ref/quant_fixtures.py "$refdata/quant"
@@ -38,6 +44,10 @@ digests=$refdata/gguf/model-digests.json
 if [ ! -s "$digests" ] || [ "$model" -nt "$digests" ]; then
   "$py" scripts/ref/gguf_fixtures.py digests "$model" "$digests"
 fi
+
+step "tokenizer reference data"
+"$py" scripts/ref/tokenizer_fixtures.py "$refdata/tok" --llama-ref "$refdata/llama" --model "$model"
+"$py" scripts/ref/chat_fixtures.py "$refdata/tok" "$refdata/tok/chat.json"
 
 step "cargo test"
 export AKUNU_REFDATA=$refdata AKUNU_MODEL=$model AKUNU_PYTHON=$py AKUNU_REQUIRE_REFDATA=1

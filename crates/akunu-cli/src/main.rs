@@ -1,6 +1,7 @@
 //! The `akunu` command-line tool.
 
 mod inspect;
+mod tokenize;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -49,6 +50,39 @@ enum Command {
         #[arg(short, long)]
         quiet: bool,
     },
+    /// Text to token ids, like llama.cpp's `llama-tokenize` (special tokens are parsed).
+    ///
+    /// MODEL is a GGUF file (a full model or vocabulary only) or a Hugging Face
+    /// `tokenizer.json` or directory holding one. Prints `id -> 'piece'` lines, or with --ids a
+    /// Python-style list.
+    Tokenize {
+        #[command(flatten)]
+        model: ModelArg,
+        /// The text (may start with '-').
+        #[arg(short, long, allow_hyphen_values = true, conflicts_with_all = ["file", "stdin"])]
+        prompt: Option<String>,
+        /// Read the text from a file, byte for byte.
+        #[arg(short, long, value_name = "FILE", conflicts_with = "stdin")]
+        file: Option<PathBuf>,
+        /// Read the text from standard input.
+        #[arg(long)]
+        stdin: bool,
+        /// Print only the ids, as a list like [1, 2, 3].
+        #[arg(long)]
+        ids: bool,
+        /// Do not add the BOS token even if the model normally does.
+        #[arg(long)]
+        no_bos: bool,
+        /// Treat special-token text (`<|im_start|>`) as ordinary text.
+        #[arg(long)]
+        no_parse_special: bool,
+        /// Also print the number of tokens.
+        #[arg(long)]
+        show_count: bool,
+        /// Process escapes (\n, \t, \xHH, ...) in the text.
+        #[arg(short, long)]
+        escape: bool,
+    },
 }
 
 /// The model a command works on.
@@ -69,11 +103,19 @@ struct ModelArg {
 
 impl ModelArg {
     fn resolve(&self) -> Result<PathBuf> {
-        let spec = self.flag.as_deref().or(self.positional.as_deref());
+        if let Some(local) = self.spec().map(std::path::Path::new).filter(|p| p.is_dir()) {
+            return Ok(local.to_path_buf());
+        }
         Ok(akunu_hub::resolve(
-            spec,
+            self.spec(),
             &akunu_hub::FetchOptions::default(),
         )?)
+    }
+}
+
+impl ModelArg {
+    fn spec(&self) -> Option<&str> {
+        self.flag.as_deref().or(self.positional.as_deref())
     }
 }
 
@@ -119,6 +161,33 @@ fn run(cli: Cli) -> Result<()> {
             verify,
             quiet,
         } => pull(spec.as_deref(), sha256, verify, quiet),
+        Command::Tokenize {
+            model,
+            prompt,
+            file,
+            stdin,
+            ids,
+            no_bos,
+            no_parse_special,
+            show_count,
+            escape,
+        } => {
+            let input = match (&prompt, &file, stdin) {
+                (Some(p), _, _) => tokenize::Input::Prompt(p),
+                (_, Some(f), _) => tokenize::Input::File(f),
+                (_, _, true) => tokenize::Input::Stdin,
+                _ => bail!("give the text with -p TEXT, -f FILE or --stdin"),
+            };
+            let tok = tokenize::load(&model.resolve()?)?;
+            let opts = tokenize::TokenizeOptions {
+                ids,
+                no_bos,
+                no_parse_special,
+                show_count,
+                escape,
+            };
+            tokenize::run(&tok, input, &opts)
+        }
     }
 }
 

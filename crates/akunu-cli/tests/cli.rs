@@ -120,3 +120,75 @@ fn inspect_the_default_model() {
     assert_eq!(hp["attention.layer_norm_rms_epsilon"], 1e-6);
     assert_eq!(json["tokenizer"]["tokens"], 262_144);
 }
+
+#[test]
+fn tokenize_prints_ids_and_pieces_like_llama_tokenize() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = small_model(dir.path());
+    // No pre-tokenizer named: the default one; "ab" merges, the space has no token.
+    let out = stdout(&akunu(&["tokenize", "-m", &model, "-p", "ab a", "--ids"]));
+    assert_eq!(out, "[2, 0]\n");
+    let out = stdout(&akunu(&[
+        "tokenize",
+        "-m",
+        &model,
+        "-p",
+        "ab",
+        "--show-count",
+    ]));
+    assert_eq!(out, "     2 -> 'ab'\nTotal number of tokens: 1\n");
+    let file = dir.path().join("text.txt");
+    std::fs::write(&file, "b\\na").unwrap();
+    assert_eq!(
+        stdout(&akunu(&[
+            "tokenize",
+            "-m",
+            &model,
+            "-f",
+            file.to_str().unwrap(),
+            "--ids"
+        ])),
+        "[1, 0]\n"
+    );
+
+    std::fs::write(&file, b"a\xffb").unwrap();
+    let out = akunu(&["tokenize", "-m", &model, "-f", file.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not valid UTF-8 (at byte 1)"));
+    let out = akunu(&["tokenize", "-m", &model]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("-p TEXT, -f FILE or --stdin"));
+}
+
+#[test]
+fn tokenize_matches_llama_cpp_on_real_vocabularies() {
+    let Some(tok) = akunu_testutil::refdata("tok") else {
+        return;
+    };
+    let Some(gemma) = akunu_testutil::model() else {
+        return;
+    };
+    let hard: Vec<String> =
+        serde_json::from_str(&std::fs::read_to_string(tok.join("corpus/hard.json")).unwrap())
+            .unwrap();
+    for (name, model) in [
+        ("gemma3", gemma),
+        ("llama3", tok.join("llama3.gguf")),
+        ("qwen3", tok.join("qwen3.gguf")),
+    ] {
+        let refs =
+            std::fs::read_to_string(tok.join(format!("ref/{name}.hard.special.jsonl"))).unwrap();
+        for (text, line) in hard.iter().zip(refs.lines()).step_by(7) {
+            let want: Json = serde_json::from_str(line).unwrap();
+            let got = stdout(&akunu(&[
+                "tokenize",
+                "-m",
+                model.to_str().unwrap(),
+                "-p",
+                text,
+                "--ids",
+            ]));
+            let got: Json = serde_json::from_str(&got).unwrap();
+            assert_eq!(got, want["with_special"], "{name}: {text:?}");
+        }
+    }
+}
