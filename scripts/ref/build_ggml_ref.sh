@@ -58,28 +58,8 @@ tar -xzf "$SDIST" -C "$OUT/src" --strip-components=3 \
 # reading; it only matters for `install`, so an empty one will do.
 touch "$OUT/src/ggml/ggml.pc.in"
 
-# The executable NAME inside the pip-installed tools: the wheels also install Python launcher
-# scripts that only work on their own sys.path, so take the first native (ELF) binary.
-tool_binary() {
-    local f
-    [ -d "$OUT/tools" ] || return 0
-    while IFS= read -r f; do
-        if [ "$(head -c 4 "$f" | od -An -c | tr -d ' ')" = '177ELF' ]; then
-            echo "$f"
-            return
-        fi
-    done < <(find "$OUT/tools" -type f -name "$1" -perm -u+x)
-}
-
-CMAKE=$(command -v cmake || true)
-NINJA=$(command -v ninja || true)
-if [ -z "$CMAKE" ] || [ -z "$NINJA" ]; then
-    if [ -z "$(tool_binary cmake)" ] || [ -z "$(tool_binary ninja)" ]; then
-        "$PY" -m pip install --quiet --target "$OUT/tools" cmake ninja
-    fi
-    CMAKE=${CMAKE:-$(tool_binary cmake)}
-    NINJA=${NINJA:-$(tool_binary ninja)}
-fi
+. "$(dirname "$0")/build_tools.sh"
+find_build_tools "$OUT" "$PY"
 
 "$CMAKE" -S "$OUT/src/ggml" -B "$OUT/build" -G Ninja -DCMAKE_MAKE_PROGRAM="$NINJA" \
     -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \

@@ -84,28 +84,8 @@ else
         --exclude="llama_cpp_python-$LCP_VERSION/vendor/llama.cpp/.git" \
         "llama_cpp_python-$LCP_VERSION/vendor/llama.cpp"
 
-    # The executable NAME inside the pip-installed tools: the wheels also install Python launcher
-    # scripts that only work on their own sys.path, so take the first native (ELF) binary.
-    tool_binary() {
-        local f
-        [ -d "$OUT/tools" ] || return 0
-        while IFS= read -r f; do
-            if [ "$(head -c 4 "$f" | od -An -c | tr -d ' ')" = '177ELF' ]; then
-                echo "$f"
-                return
-            fi
-        done < <(find "$OUT/tools" -type f -name "$1" -perm -u+x)
-    }
-
-    CMAKE=$(command -v cmake || true)
-    NINJA=$(command -v ninja || true)
-    if [ -z "$CMAKE" ] || [ -z "$NINJA" ]; then
-        if [ -z "$(tool_binary cmake)" ] || [ -z "$(tool_binary ninja)" ]; then
-            "$PY" -m pip install --quiet --target "$OUT/tools" cmake ninja
-        fi
-        CMAKE=${CMAKE:-$(tool_binary cmake)}
-        NINJA=${NINJA:-$(tool_binary ninja)}
-    fi
+    . "$(dirname "$0")/build_tools.sh"
+    find_build_tools "$OUT" "$PY"
 
     # The build asks git for a version string; a ceiling keeps it from finding the repository that
     # OUTDIR happens to sit in. Its complaints go to the log with the rest.

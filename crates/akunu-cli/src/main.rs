@@ -79,9 +79,10 @@ enum Command {
         /// Also print the number of tokens.
         #[arg(long)]
         show_count: bool,
-        /// Process escapes (\n, \t, \xHH, ...) in the text.
-        #[arg(short, long)]
-        escape: bool,
+        /// Take the text as it is: no processing of escapes (\\n, \\t, \\xHH, ...), which
+        /// are processed by default, as llama-tokenize does.
+        #[arg(long)]
+        no_escape: bool,
     },
 }
 
@@ -170,7 +171,7 @@ fn run(cli: Cli) -> Result<()> {
             no_bos,
             no_parse_special,
             show_count,
-            escape,
+            no_escape,
         } => {
             let input = match (&prompt, &file, stdin) {
                 (Some(p), _, _) => tokenize::Input::Prompt(p),
@@ -184,7 +185,7 @@ fn run(cli: Cli) -> Result<()> {
                 no_bos,
                 no_parse_special,
                 show_count,
-                escape,
+                escape: !no_escape,
             };
             tokenize::run(&tok, input, &opts)
         }

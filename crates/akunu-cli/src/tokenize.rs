@@ -47,16 +47,14 @@ pub fn run(tok: &Tokenizer, input: Input, opts: &TokenizeOptions) -> Result<()> 
             buf
         }
     };
-    let mut text = match String::from_utf8(raw) {
+    let raw = if opts.escape { unescape(&raw) } else { raw };
+    let text = match String::from_utf8(raw) {
         Ok(t) => t,
         Err(e) => bail!(
             "the input is not valid UTF-8 (at byte {})",
             e.utf8_error().valid_up_to()
         ),
     };
-    if opts.escape {
-        text = unescape(&text);
-    }
     let encode = EncodeOptions {
         add_special: tok.add_bos() && !opts.no_bos,
         parse_special: !opts.no_parse_special,
@@ -81,39 +79,36 @@ pub fn run(tok: &Tokenizer, input: Input, opts: &TokenizeOptions) -> Result<()> 
     Ok(())
 }
 
-/// C-style escapes: `\n`, `\r`, `\t`, `\'`, `\"`, `\\` and `\xHH` (ASCII).
-fn unescape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut it = s.chars().peekable();
-    while let Some(c) = it.next() {
-        if c != '\\' {
-            out.push(c);
+/// C-style escapes, as llama.cpp's tools read them: `\n`, `\r`, `\t`, `\'`, `\"`, `\\` and
+/// `\xHH` (any byte); anything else stays as written.
+fn unescape(s: &[u8]) -> Vec<u8> {
+    let hex = |b: u8| (b as char).to_digit(16);
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        if s[i] != b'\\' || i + 1 == s.len() {
+            out.push(s[i]);
+            i += 1;
             continue;
         }
-        match it.next() {
-            Some('n') => out.push('\n'),
-            Some('r') => out.push('\r'),
-            Some('t') => out.push('\t'),
-            Some('\'') => out.push('\''),
-            Some('"') => out.push('"'),
-            Some('\\') => out.push('\\'),
-            Some('x') => {
-                let hex: String = (0..2)
-                    .filter_map(|_| it.next_if(char::is_ascii_hexdigit))
-                    .collect();
-                match u8::from_str_radix(&hex, 16) {
-                    Ok(b) if b.is_ascii() => out.push(char::from(b)),
-                    _ => {
-                        out.push_str("\\x");
-                        out.push_str(&hex);
-                    }
+        let c = s[i + 1];
+        i += 2;
+        match c {
+            b'n' => out.push(b'\n'),
+            b'r' => out.push(b'\r'),
+            b't' => out.push(b'\t'),
+            b'\'' | b'"' | b'\\' => out.push(c),
+            b'x' => match (
+                s.get(i).copied().and_then(hex),
+                s.get(i + 1).copied().and_then(hex),
+            ) {
+                (Some(h), Some(l)) => {
+                    out.push((h * 16 + l) as u8);
+                    i += 2;
                 }
-            }
-            Some(other) => {
-                out.push('\\');
-                out.push(other);
-            }
-            None => out.push('\\'),
+                _ => out.extend_from_slice(b"\\x"),
+            },
+            other => out.extend_from_slice(&[b'\\', other]),
         }
     }
     out
@@ -125,7 +120,8 @@ mod tests {
 
     #[test]
     fn escapes() {
-        assert_eq!(unescape(r"a\nb\t\\\x41\q"), "a\nb\t\\A\\q");
-        assert_eq!(unescape(r"end\"), "end\\");
+        assert_eq!(unescape(br"a\nb\t\\\x41\q"), b"a\nb\t\\A\\q");
+        assert_eq!(unescape(br"end\"), b"end\\");
+        assert_eq!(unescape(br"\x4z \xe4\xbd\xa0"), "\\x4z 你".as_bytes());
     }
 }

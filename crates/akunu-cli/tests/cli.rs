@@ -138,18 +138,13 @@ fn tokenize_prints_ids_and_pieces_like_llama_tokenize() {
     ]));
     assert_eq!(out, "     2 -> 'ab'\nTotal number of tokens: 1\n");
     let file = dir.path().join("text.txt");
+    // Escapes are processed (as llama-tokenize does) unless --no-escape; "\n" has no token.
     std::fs::write(&file, "b\\na").unwrap();
-    assert_eq!(
-        stdout(&akunu(&[
-            "tokenize",
-            "-m",
-            &model,
-            "-f",
-            file.to_str().unwrap(),
-            "--ids"
-        ])),
-        "[1, 0]\n"
-    );
+    let f = file.to_str().unwrap();
+    let run = |args: &[&str]| stdout(&akunu(&[&["tokenize", "-m", &model][..], args].concat()));
+    assert_eq!(run(&["-f", f, "--ids"]), "[1, 0]\n");
+    assert_eq!(run(&["-f", f, "--ids", "--no-escape"]), "[1, 0]\n");
+    assert_eq!(run(&["-p", "a\\x62", "--ids"]), "[2]\n");
 
     std::fs::write(&file, b"a\xffb").unwrap();
     let out = akunu(&["tokenize", "-m", &model, "-f", file.to_str().unwrap()]);
@@ -179,14 +174,9 @@ fn tokenize_matches_llama_cpp_on_real_vocabularies() {
             std::fs::read_to_string(tok.join(format!("ref/{name}.hard.special.jsonl"))).unwrap();
         for (text, line) in hard.iter().zip(refs.lines()).step_by(7) {
             let want: Json = serde_json::from_str(line).unwrap();
-            let got = stdout(&akunu(&[
-                "tokenize",
-                "-m",
-                model.to_str().unwrap(),
-                "-p",
-                text,
-                "--ids",
-            ]));
+            let model = model.to_str().unwrap();
+            let args = ["tokenize", "-m", model, "-p", text, "--ids", "--no-escape"];
+            let got = stdout(&akunu(&args));
             let got: Json = serde_json::from_str(&got).unwrap();
             assert_eq!(got, want["with_special"], "{name}: {text:?}");
         }

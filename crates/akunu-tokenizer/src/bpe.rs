@@ -26,8 +26,10 @@ use crate::TokenId;
 pub(crate) struct Bpe {
     pub pre: Option<PreTokenizer>,
     pub ignore_merges: bool,
-    /// GPT-2 byte alphabet; otherwise raw UTF-8 characters with `<0xXX>` byte fallback.
+    /// GPT-2 byte alphabet; otherwise raw UTF-8 characters.
     pub byte_level: bool,
+    byte_fallback: bool,
+    fuse_unk: bool,
     /// Symbol ids by the bytes they stand for: vocabulary tokens first, then virtual symbols.
     symbols: FxHashMap<Box<[u8]>, u32>,
     /// Bytes of each virtual symbol (id - vocabulary size).
@@ -43,6 +45,10 @@ pub(crate) struct BpeSpec<'a> {
     pub pre: Option<PreTokenizer>,
     pub ignore_merges: bool,
     pub byte_level: bool,
+    /// Characters missing from the vocabulary become `<0xXX>` tokens (else the unknown token).
+    pub byte_fallback: bool,
+    /// Consecutive unknown tokens become one.
+    pub fuse_unk: bool,
     pub merges: Vec<(&'a str, &'a str)>,
 }
 
@@ -96,6 +102,8 @@ impl Bpe {
             pre: spec.pre,
             ignore_merges: spec.ignore_merges,
             byte_level: spec.byte_level,
+            byte_fallback: spec.byte_fallback,
+            fuse_unk: spec.fuse_unk,
             symbols,
             virtual_bytes,
             n_vocab,
@@ -168,10 +176,13 @@ impl Bpe {
                     None => {
                         // Byte fallback: every byte as `<0xXX>`, or the unknown token when
                         // one of them is missing.
-                        let bytes: Option<Vec<TokenId>> =
-                            ch.iter().map(|&b| vocab.byte_token(b)).collect();
+                        let bytes: Option<Vec<TokenId>> = match self.byte_fallback {
+                            true => ch.iter().map(|&b| vocab.byte_token(b)).collect(),
+                            false => None,
+                        };
                         match (bytes, unk) {
                             (Some(b), _) => work.syms.extend(b),
+                            (None, Some(u)) if self.fuse_unk && work.syms.last() == Some(&u) => {}
                             (None, Some(u)) => work.syms.push(u),
                             (None, None) => {}
                         }

@@ -15,7 +15,7 @@ use crate::bpe::{Bpe, BpeSpec};
 use crate::error::invalid;
 use crate::pretok::pre_settings;
 use crate::roles::derive_roles;
-use crate::tokenizer::{Model, Rules, SpecialTokens, Tokenizer};
+use crate::tokenizer::{Model, Rules, Source, SpecialTokens, Tokenizer};
 use crate::vocab::{Token, TokenKind, Vocab};
 use crate::wpm::{Style, Wpm};
 use crate::{TokenId, TokenizerError};
@@ -82,6 +82,8 @@ impl Tokenizer {
                     pre: Some(pre.pre),
                     ignore_merges: pre.ignore_merges,
                     byte_level: true,
+                    byte_fallback: false,
+                    fuse_unk: false,
                     merges: merges
                         .iter()
                         .map(|(a, b)| (a.as_str(), b.as_str()))
@@ -137,9 +139,8 @@ impl Tokenizer {
         ];
         for (k, slot) in ids {
             if let Some(v) = get(k) {
-                let id = v
-                    .as_int()
-                    .ok_or_else(|| invalid(format!("{KEY}{k} is not an integer")))?;
+                let id = v.as_int().filter(|_| v.as_bool().is_none());
+                let id = id.ok_or_else(|| invalid(format!("{KEY}{k} is not an integer")))?;
                 if (0..n as i128).contains(&id) {
                     *slot = Some(id as TokenId);
                 }
@@ -166,7 +167,7 @@ impl Tokenizer {
         ];
         for (k, slot) in fim_keys {
             if let Some(id) = get(k)
-                .and_then(|v| v.as_int())
+                .and_then(|v| v.as_int().filter(|_| v.as_bool().is_none()))
                 .filter(|id| (0..n as i128).contains(id))
             {
                 fim[slot] = Some(id as TokenId);
@@ -174,6 +175,13 @@ impl Tokenizer {
         }
         let mut vocab = vocab;
         let eog = derive_roles(&mut vocab, &mut special, fim, true);
+        let name = file.get_str("general.name").unwrap_or("").to_lowercase();
+        strip_attributes(
+            &mut vocab,
+            &name,
+            pre_name,
+            file.architecture().unwrap_or(""),
+        );
         let template = file
             .get("tokenizer.chat_template")
             .and_then(|v| v.as_str().map(str::to_owned));
@@ -183,9 +191,7 @@ impl Tokenizer {
         if rules.add_eos && special.eos.is_none() {
             return Err(TokenizerError::MissingSpecial("EOS"));
         }
-        Ok(Tokenizer::assemble(
-            vocab, model, special, rules, eog, template, "gguf",
-        ))
+        Tokenizer::assemble(vocab, model, special, rules, eog, template, Source::Gguf)
     }
 }
 
@@ -258,7 +264,55 @@ fn read_vocab(file: &GgufFile) -> Result<Vocab, TokenizerError> {
             tokens.len()
         )));
     }
-    Ok(Vocab::new(tokens))
+    let vocab = Vocab::new(tokens);
+    if vocab.index.len() != vocab.len() {
+        let mut seen = rustc_hash::FxHashSet::default();
+        let dup = vocab
+            .tokens
+            .iter()
+            .position(|t| !seen.insert(&t.text))
+            .unwrap_or(0);
+        return Err(invalid(format!(
+            "token {dup} ({:?}) is listed twice",
+            vocab.tokens[dup].text
+        )));
+    }
+    Ok(vocab)
+}
+
+/// Token attributes GGUF cannot express but some models were trained with, keyed (as in
+/// llama.cpp) by model, pre-tokenizer and architecture names: Phi-3's markup swallows the
+/// whitespace after it, and some embedding models' mask token the whitespace before it.
+fn strip_attributes(vocab: &mut Vocab, model_name: &str, pre: &str, arch: &str) {
+    fn set(vocab: &mut Vocab, text: &str, f: fn(&mut Token)) {
+        if let Some(id) = vocab.id(text.as_bytes()) {
+            f(&mut vocab.tokens[id as usize]);
+        }
+    }
+    if ["jina-v2-de", "jina-v2-es", "jina-v2-code"]
+        .iter()
+        .any(|p| pre.contains(p))
+        || ["nomic-bert-moe", "jina-bert-v3"]
+            .iter()
+            .any(|a| arch.contains(a))
+    {
+        set(vocab, "<mask>", |t| t.lstrip = true);
+    } else if model_name.contains("phi-3") || model_name.contains("phi3") {
+        for t in &mut vocab.tokens {
+            if matches!(
+                t.kind,
+                TokenKind::Control | TokenKind::UserDefined | TokenKind::Unknown
+            ) {
+                t.rstrip = true;
+            }
+        }
+        set(vocab, "</s>", |t| t.rstrip = true);
+        for text in ["<unk>", "<s>", "<|endoftext|>"] {
+            set(vocab, text, |t| t.rstrip = false);
+        }
+    } else if model_name.contains("modern-bert") {
+        set(vocab, "[MASK]", |t| t.lstrip = true);
+    }
 }
 
 fn read_merges(file: &GgufFile) -> Result<Vec<(String, String)>, TokenizerError> {

@@ -8,13 +8,12 @@
 
 use std::path::Path;
 
-use rustc_hash::FxHashMap;
 use serde_json::Value;
 
 use crate::bpe::{Bpe, BpeSpec};
 use crate::pretok::PreTokenizer;
 use crate::roles::derive_roles;
-use crate::tokenizer::{Model, Rules, SpecialTokens, Tokenizer};
+use crate::tokenizer::{Model, Rules, Source, SpecialTokens, Tokenizer};
 use crate::vocab::{Token, TokenKind, Vocab};
 use crate::wpm::{Style, Wpm};
 use crate::TokenizerError;
@@ -105,6 +104,7 @@ impl Tokenizer {
         read_post_processor(
             tokenizer.get("post_processor"),
             &vocab,
+            wordpiece,
             &mut special,
             &mut rules,
         )?;
@@ -113,7 +113,7 @@ impl Tokenizer {
             .and_then(Value::as_bool)
             .unwrap_or(false);
 
-        let normalizer = read_normalizer(tokenizer.get("normalizer"))?;
+        let normalizer = read_normalizer(tokenizer.get("normalizer"), wordpiece)?;
         rules.nfc = normalizer.nfc;
         rules.escape_spaces = normalizer.spaces_to_metaspace;
         rules.add_space_prefix = normalizer.prepend_metaspace;
@@ -137,7 +137,13 @@ impl Tokenizer {
                 .and_then(Value::as_str)
                 .unwrap_or("##")
                 .to_owned();
-            special.sep = special.sep.or_else(|| vocab.id(b"[SEP]"));
+            let pre = tokenizer
+                .get("pre_tokenizer")
+                .and_then(|p| p.get("type"))
+                .and_then(Value::as_str);
+            if pre != Some("BertPreTokenizer") {
+                return Err(unsupported(format!("WordPiece with pre-tokenizer {pre:?}")));
+            }
             let style = Style::Hf {
                 continuation,
                 max_word_chars: max_word_chars as usize,
@@ -148,7 +154,8 @@ impl Tokenizer {
                 style,
             })
         } else {
-            let (pre, byte_level) = read_pre_tokenizer(tokenizer.get("pre_tokenizer"))?;
+            let metaspace = rules.escape_spaces;
+            let (pre, byte_level) = read_pre_tokenizer(tokenizer.get("pre_tokenizer"), metaspace)?;
             let merges = read_merges(model)?;
             let spec = BpeSpec {
                 pre,
@@ -157,6 +164,11 @@ impl Tokenizer {
                     .and_then(Value::as_bool)
                     .unwrap_or(false),
                 byte_level,
+                byte_fallback,
+                fuse_unk: model
+                    .get("fuse_unk")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
                 merges: merges
                     .iter()
                     .map(|(a, b)| (a.as_str(), b.as_str()))
@@ -167,15 +179,15 @@ impl Tokenizer {
         let mut vocab = vocab;
         let eog = derive_roles(&mut vocab, &mut special, [None; 6], false);
         let template = config.and_then(|c| chat_template_of(c.get("chat_template")?));
-        Ok(Tokenizer::assemble(
+        Tokenizer::assemble(
             vocab,
             model,
             special,
             rules,
             eog,
             template,
-            "tokenizer.json",
-        ))
+            Source::TokenizerJson,
+        )
     }
 }
 
@@ -294,13 +306,27 @@ struct Normalizer {
     prepend_metaspace: bool,
 }
 
-fn read_normalizer(n: Option<&Value>) -> Result<Normalizer, TokenizerError> {
+fn read_normalizer(n: Option<&Value>, wordpiece: bool) -> Result<Normalizer, TokenizerError> {
     let mut out = Normalizer::default();
     let Some(n) = n.filter(|n| !n.is_null()) else {
         return Ok(out);
     };
-    let steps: Vec<&Value> = match n.get("type").and_then(Value::as_str) {
-        Some("Sequence") => n
+    let kind = |v: &Value| {
+        v.get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned()
+    };
+    if wordpiece {
+        // WordPiece options are read with the model, from a BertNormalizer doing all it can.
+        let full = |k: &str| n.get(k).and_then(Value::as_bool) != Some(false);
+        if kind(n) != "BertNormalizer" || !full("clean_text") || !full("handle_chinese_chars") {
+            return Err(unsupported(format!("WordPiece normalizer {n}")));
+        }
+        return Ok(out);
+    }
+    let steps: Vec<&Value> = match kind(n).as_str() {
+        "Sequence" => n
             .get("normalizers")
             .and_then(Value::as_array)
             .map(|a| a.iter().collect())
@@ -308,10 +334,8 @@ fn read_normalizer(n: Option<&Value>) -> Result<Normalizer, TokenizerError> {
         _ => vec![n],
     };
     for s in steps {
-        match s.get("type").and_then(Value::as_str).unwrap_or("") {
+        match kind(s).as_str() {
             "NFC" => out.nfc = true,
-            // WordPiece options are read with the model.
-            "BertNormalizer" => {}
             "Replace"
                 if s.pointer("/pattern/String").and_then(Value::as_str) == Some(" ")
                     && s.get("content").and_then(Value::as_str) == Some("\u{2581}") =>
@@ -324,11 +348,20 @@ fn read_normalizer(n: Option<&Value>) -> Result<Normalizer, TokenizerError> {
             other => return Err(unsupported(format!("normalizer {other:?}"))),
         }
     }
+    if out.prepend_metaspace && !out.spaces_to_metaspace {
+        return Err(unsupported(
+            "Prepend(\"\u{2581}\") without Replace(\" \", \"\u{2581}\")",
+        ));
+    }
     Ok(out)
 }
 
-/// The pre-tokenizer and whether the model works in GPT-2's byte alphabet.
-fn read_pre_tokenizer(p: Option<&Value>) -> Result<(Option<PreTokenizer>, bool), TokenizerError> {
+/// The pre-tokenizer and whether the model works in GPT-2's byte alphabet. Only the
+/// combinations the hand-written splitters reproduce exactly are accepted.
+fn read_pre_tokenizer(
+    p: Option<&Value>,
+    metaspace: bool,
+) -> Result<(Option<PreTokenizer>, bool), TokenizerError> {
     let Some(p) = p.filter(|p| !p.is_null()) else {
         return Ok((None, false));
     };
@@ -340,7 +373,8 @@ fn read_pre_tokenizer(p: Option<&Value>) -> Result<(Option<PreTokenizer>, bool),
             .unwrap_or_default(),
         _ => vec![p],
     };
-    let mut pre = None;
+    let mut split: Option<PreTokenizer> = None;
+    let mut byte_level_regex = false;
     let mut byte_level = false;
     let mut digits = false;
     for s in steps {
@@ -350,28 +384,31 @@ fn read_pre_tokenizer(p: Option<&Value>) -> Result<(Option<PreTokenizer>, bool),
                 if s.get("add_prefix_space").and_then(Value::as_bool) == Some(true) {
                     return Err(unsupported("ByteLevel with add_prefix_space"));
                 }
-                if s.get("use_regex").and_then(Value::as_bool).unwrap_or(true) {
-                    pre.get_or_insert_with(PreTokenizer::gpt2);
-                }
+                byte_level_regex |= s.get("use_regex").and_then(Value::as_bool).unwrap_or(true);
             }
             "Split" => {
+                let behavior = s.get("behavior").and_then(Value::as_str).unwrap_or("");
+                let inverted = s.get("invert").and_then(Value::as_bool) == Some(true);
                 if let Some(re) = s.pointer("/pattern/Regex").and_then(Value::as_str) {
-                    let behavior = s.get("behavior").and_then(Value::as_str).unwrap_or("");
-                    if behavior != "Isolated"
-                        || s.get("invert").and_then(Value::as_bool) == Some(true)
-                    {
-                        return Err(unsupported(format!("Split behavior {behavior:?}")));
+                    if behavior != "Isolated" || inverted || split.is_some() {
+                        return Err(unsupported(format!(
+                            "Split {re:?} ({behavior}{})",
+                            if inverted { ", inverted" } else { "" }
+                        )));
                     }
-                    pre = Some(match re {
+                    split = Some(match re {
                         GPT2_REGEX => PreTokenizer::gpt2(),
                         LLAMA3_REGEX => PreTokenizer::llama3(),
                         QWEN2_REGEX => PreTokenizer::qwen2(),
                         other => return Err(unsupported(format!("pre-tokenizer regex {other:?}"))),
                     });
-                } else if s.pointer("/pattern/String").and_then(Value::as_str) == Some(" ") {
-                    // Splitting at spaces after spaces became `▁` finds nothing to split.
+                } else if s.pointer("/pattern/String").and_then(Value::as_str) == Some(" ")
+                    && metaspace
+                    && !inverted
+                {
+                    // Spaces already became `▁`, so there is nothing left to split at.
                 } else {
-                    return Err(unsupported("Split pattern"));
+                    return Err(unsupported(format!("Split {s}")));
                 }
             }
             "Digits" if s.get("individual_digits").and_then(Value::as_bool) == Some(true) => {
@@ -380,99 +417,115 @@ fn read_pre_tokenizer(p: Option<&Value>) -> Result<(Option<PreTokenizer>, bool),
             other => return Err(unsupported(format!("pre-tokenizer {other:?}"))),
         }
     }
-    if digits {
-        match pre {
-            Some(p) if p.name() == "gpt2" => pre = Some(PreTokenizer::smollm()),
-            _ => return Err(unsupported("Digits with this pre-tokenizer")),
+    let pre = match (split, byte_level_regex, digits) {
+        (Some(_), true, _) => {
+            return Err(unsupported("a Split regex and a ByteLevel regex together"))
         }
-    }
+        (Some(_), _, true) => return Err(unsupported("Digits with a Split regex")),
+        (Some(p), false, false) => Some(p),
+        (None, true, true) => Some(PreTokenizer::smollm()),
+        (None, true, false) => Some(PreTokenizer::gpt2()),
+        (None, false, true) => return Err(unsupported("Digits without a ByteLevel regex")),
+        (None, false, false) => None,
+    };
     Ok((pre, byte_level))
 }
 
-/// Framing from the post-processor: BOS/CLS before and EOS/SEP after a single sequence.
+/// Framing from the post-processor: tokens before and after a single sequence (BOS/CLS
+/// before; after, EOS for BPE and SEP for WordPiece).
 fn read_post_processor(
     p: Option<&Value>,
     vocab: &Vocab,
+    wordpiece: bool,
     special: &mut SpecialTokens,
     rules: &mut Rules,
 ) -> Result<(), TokenizerError> {
     let Some(p) = p.filter(|p| !p.is_null()) else {
         return Ok(());
     };
-    let id = |name: &str| vocab.id(name.as_bytes());
-    match p.get("type").and_then(Value::as_str).unwrap_or("") {
-        "ByteLevel" => {}
-        "TemplateProcessing" => {
-            let single = p
-                .get("single")
-                .and_then(Value::as_array)
-                .ok_or_else(|| unsupported("template without single"))?;
-            let seq = single
-                .iter()
-                .position(|x| x.get("Sequence").is_some())
-                .ok_or_else(|| unsupported("template without $A"))?;
-            let name = |x: &Value| {
-                x.pointer("/SpecialToken/id")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned)
-            };
-            let before: Vec<String> = single[..seq].iter().filter_map(name).collect();
-            let after: Vec<String> = single[seq + 1..].iter().filter_map(name).collect();
-            if before.len() > 1 || after.len() > 1 {
-                return Err(unsupported("template with several tokens on one side"));
-            }
-            if let Some(b) = before.first() {
-                special.bos = Some(id(b).ok_or_else(|| {
-                    unsupported(format!("template token {b:?} is not in the vocabulary"))
-                })?);
-                rules.add_bos = true;
-            }
-            if let Some(e) = after.first() {
-                let eid = id(e).ok_or_else(|| {
-                    unsupported(format!("template token {e:?} is not in the vocabulary"))
-                })?;
-                if e == "[SEP]"
-                    || e == "</s>"
-                        && before.first().is_some_and(|b| b == "<s>")
-                        && special.eos.is_none()
-                {
-                    special.sep = Some(eid);
-                } else {
-                    special.eos = Some(eid);
-                    rules.add_eos = true;
-                }
+    let id = |name: &str| {
+        vocab.id(name.as_bytes()).ok_or_else(|| {
+            unsupported(format!(
+                "post-processor token {name:?} is not in the vocabulary"
+            ))
+        })
+    };
+    let mut frame = |before: Option<&str>, after: Option<&str>| -> Result<(), TokenizerError> {
+        if let Some(b) = before {
+            special.bos = Some(id(b)?);
+            rules.add_bos = true;
+        }
+        if let Some(a) = after {
+            let a = id(a)?;
+            if wordpiece {
+                special.sep = Some(a);
+            } else {
+                special.eos = Some(a);
+                rules.add_eos = true;
             }
         }
-        "BertProcessing" | "RobertaProcessing" => {
-            let tok = |k: &str| {
-                p.get(k)
+        Ok(())
+    };
+    let steps: Vec<&Value> = match p.get("type").and_then(Value::as_str) {
+        Some("Sequence") => p
+            .get("processors")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().collect())
+            .unwrap_or_default(),
+        _ => vec![p],
+    };
+    for p in steps {
+        match p.get("type").and_then(Value::as_str).unwrap_or("") {
+            // Only moves offsets.
+            "ByteLevel" => {}
+            "TemplateProcessing" => {
+                let single = p
+                    .get("single")
                     .and_then(Value::as_array)
-                    .and_then(|a| a.first())
-                    .and_then(Value::as_str)
-                    .and_then(id)
-            };
-            special.bos = tok("cls");
-            special.sep = tok("sep");
-            rules.add_bos = special.bos.is_some();
+                    .ok_or_else(|| unsupported("template without single"))?;
+                let seq = single
+                    .iter()
+                    .position(|x| x.get("Sequence").is_some())
+                    .ok_or_else(|| unsupported("template without $A"))?;
+                fn name(x: &Value) -> Option<&str> {
+                    x.pointer("/SpecialToken/id").and_then(Value::as_str)
+                }
+                let before: Vec<&str> = single[..seq].iter().filter_map(name).collect();
+                let after: Vec<&str> = single[seq + 1..].iter().filter_map(name).collect();
+                if before.len() > 1 || after.len() > 1 {
+                    return Err(unsupported("template with several tokens on one side"));
+                }
+                frame(before.first().copied(), after.first().copied())?;
+            }
+            "BertProcessing" | "RobertaProcessing" => {
+                let tok = |k: &str| {
+                    p.get(k)
+                        .and_then(Value::as_array)
+                        .and_then(|a| a.first())
+                        .and_then(Value::as_str)
+                };
+                frame(tok("cls"), tok("sep"))?;
+            }
+            other => return Err(unsupported(format!("post-processor {other:?}"))),
         }
-        other => return Err(unsupported(format!("post-processor {other:?}"))),
     }
     Ok(())
 }
 
-/// `chat_template` is a string, or a list of `{name, template}` of which "default" is used.
+/// `chat_template` is a string, or a list of `{name, template}`: "default", else the first.
 fn chat_template_of(v: &Value) -> Option<String> {
     match v {
         Value::String(s) => Some(s.clone()),
         Value::Array(list) => {
-            let named: FxHashMap<&str, &str> = list
+            let named: Vec<(&str, &str)> = list
                 .iter()
                 .filter_map(|t| Some((t.get("name")?.as_str()?, t.get("template")?.as_str()?)))
                 .collect();
-            named
-                .get("default")
-                .or_else(|| named.values().next())
-                .map(|s| (*s).to_owned())
+            let pick = named
+                .iter()
+                .find(|(n, _)| *n == "default")
+                .or(named.first());
+            pick.map(|(_, t)| (*t).to_owned())
         }
         _ => None,
     }
@@ -485,7 +538,7 @@ mod tests {
     #[test]
     fn unknown_regex_is_refused_by_name() {
         let p = serde_json::json!({"type": "Split", "pattern": {"Regex": "\\w+"}, "behavior": "Isolated", "invert": false});
-        let e = read_pre_tokenizer(Some(&p))
+        let e = read_pre_tokenizer(Some(&p), false)
             .expect_err("refused")
             .to_string();
         assert!(e.contains("\\\\w+"), "{e}");

@@ -10,6 +10,7 @@
 
 mod bpe;
 pub mod chat;
+mod conversation;
 mod error;
 mod gguf;
 mod hf;
@@ -26,7 +27,7 @@ mod wpm;
 pub use chat::{BuiltinTemplate, ChatError, ChatRequest, ChatTemplate};
 pub use error::TokenizerError;
 pub use stream::StreamDecoder;
-pub use tokenizer::{DecodeOptions, EncodeOptions, SpecialTokens, Tokenizer};
+pub use tokenizer::{DecodeOptions, EncodeOptions, Source, SpecialTokens, Tokenizer};
 pub use vocab::TokenKind;
 
 /// A token id.

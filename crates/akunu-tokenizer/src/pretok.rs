@@ -215,7 +215,7 @@ impl PreTokenizer {
         if text.is_empty() {
             return;
         }
-        let mut chars = Chars::new(text);
+        let chars = Chars::new(text);
         let mut pieces = Vec::with_capacity(text.len() / 4 + 1);
         pieces.push(0..chars.len());
         let mut next = Vec::new();
@@ -226,7 +226,7 @@ impl PreTokenizer {
                     Step::Gpt2 => gpt2(&chars, piece.clone(), &mut next),
                     Step::Llama3 { digits } => llama3(&chars, piece.clone(), *digits, &mut next),
                     Step::EachNumber => each_number(&chars, piece.clone(), &mut next),
-                    Step::Regex(re) => by_regex(&mut chars, text, re, piece.clone(), &mut next),
+                    Step::Regex(re) => by_regex(&chars, text, re, piece.clone(), &mut next),
                 }
             }
             std::mem::swap(&mut pieces, &mut next);
@@ -425,13 +425,7 @@ fn each_number(t: &Chars, piece: Range<usize>, out: &mut Vec<Range<usize>>) {
     }
 }
 
-fn by_regex(
-    t: &mut Chars,
-    text: &str,
-    re: &Regex,
-    piece: Range<usize>,
-    out: &mut Vec<Range<usize>>,
-) {
+fn by_regex(t: &Chars, text: &str, re: &Regex, piece: Range<usize>, out: &mut Vec<Range<usize>>) {
     let base = t.byte(piece.start);
     let hay = &text[base..t.byte(piece.end)];
     let mut gap = piece.start;

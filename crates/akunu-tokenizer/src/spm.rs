@@ -43,9 +43,12 @@ impl PartialOrd for Candidate {
 }
 impl Ord for Candidate {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.score
-            .total_cmp(&other.score)
-            .then_with(|| other.left.cmp(&self.left))
+        // As C++'s `<` on floats: -0.0 ties with 0.0, and NaN ties with everything.
+        let by_score = self
+            .score
+            .partial_cmp(&other.score)
+            .unwrap_or(Ordering::Equal);
+        by_score.then_with(|| other.left.cmp(&self.left))
     }
 }
 

@@ -3,7 +3,10 @@
 //! Token pieces go into a byte buffer; whatever prefix of it is complete UTF-8 is returned
 //! and removed. An incomplete sequence at the end waits for the next token; a sequence that
 //! can never complete becomes U+FFFD exactly where one-shot `decode` would put one, so the
-//! concatenated stream always equals `decode` of the same ids (with `remove_special`).
+//! concatenated stream equals `decode` of the same ids with `remove_special` and without
+//! `clean_spaces` (which needs to see past a token's end). A trailing EOS, which `decode`
+//! drops for models that add one, is hidden by the stream only when special tokens are not
+//! rendered.
 
 use crate::tokenizer::Tokenizer;
 use crate::TokenId;

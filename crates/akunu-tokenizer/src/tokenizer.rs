@@ -9,7 +9,7 @@ use crate::stream::StreamDecoder;
 use crate::unicode::ByteLevel;
 use crate::vocab::{TokenKind, Vocab};
 use crate::wpm::{Style, Wpm};
-use crate::TokenId;
+use crate::{TokenId, TokenizerError};
 
 /// The segmentation algorithm.
 #[derive(Clone, Debug)]
@@ -18,6 +18,14 @@ pub(crate) enum Model {
     Spm,
     Bpe(Box<Bpe>),
     Wpm(Wpm),
+}
+
+/// Where a tokenizer was built from; the two differ in small, documented ways (see
+/// [`Tokenizer::from_gguf`] and [`Tokenizer::from_hf_json`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    Gguf,
+    TokenizerJson,
 }
 
 /// Ids of the tokens with a role, where the model has them.
@@ -76,8 +84,9 @@ pub struct DecodeOptions {
     pub remove_special: bool,
     /// Render control tokens as their text instead of hiding them.
     pub render_special: bool,
-    /// Remove spaces before punctuation and contractions, as the model's original decoder
-    /// does (`clean_up_tokenization_spaces`). Off: decoding is the exact inverse.
+    /// Remove spaces before punctuation and contractions (`clean_up_tokenization_spaces`).
+    /// Off: decoding is the exact inverse. llama.cpp's detokenizer applies the model's own
+    /// setting, [`Tokenizer::cleans_spaces`]; pass that to decode as it does.
     pub clean_spaces: bool,
 }
 
@@ -93,7 +102,7 @@ pub struct Tokenizer {
     pub(crate) pieces: Vec<Box<[u8]>>,
     pub(crate) eog: FxHashSet<TokenId>,
     pub(crate) chat_template: Option<String>,
-    pub(crate) source: &'static str,
+    pub(crate) source: Source,
 }
 
 impl Tokenizer {
@@ -104,16 +113,12 @@ impl Tokenizer {
         rules: Rules,
         eog: FxHashSet<TokenId>,
         chat_template: Option<String>,
-        source: &'static str,
-    ) -> Self {
-        let pieces = render_pieces(
-            &vocab,
-            &model,
-            rules.escape_spaces,
-            source == "tokenizer.json",
-        );
-        let specials = Specials::new(&vocab);
-        Self {
+        source: Source,
+    ) -> Result<Self, TokenizerError> {
+        let json = source == Source::TokenizerJson;
+        let pieces = render_pieces(&vocab, &model, rules.escape_spaces, json);
+        let specials = Specials::new(&vocab)?;
+        Ok(Self {
             vocab,
             model,
             specials,
@@ -123,7 +128,7 @@ impl Tokenizer {
             eog,
             chat_template,
             source,
-        }
+        })
     }
 
     /// Number of tokens in the vocabulary.
@@ -148,8 +153,8 @@ impl Tokenizer {
         }
     }
 
-    /// Where the tokenizer came from: "gguf" or "tokenizer.json".
-    pub fn source(&self) -> &'static str {
+    /// Where the tokenizer came from.
+    pub fn source(&self) -> Source {
         self.source
     }
 
@@ -197,10 +202,9 @@ impl Tokenizer {
         v
     }
 
-    /// Adds the tokens that spell `text` (typically the end-of-turn marker a chat template
-    /// writes after each assistant message) to the end-of-generation set, when `text` is a
-    /// single special token. Returns the id added.
-    pub fn add_end_of_turn_text(&mut self, text: &str) -> Option<TokenId> {
+    /// Adds `text` to the end-of-generation set when it is a single special token (the
+    /// end-of-turn marker of a chat template). Returns its id.
+    pub(crate) fn add_end_of_turn_text(&mut self, text: &str) -> Option<TokenId> {
         let ids = self.encode(
             text.trim(),
             EncodeOptions {
@@ -274,6 +278,11 @@ impl Tokenizer {
                         Fragment::Token(id) => out.push(id),
                         Fragment::Text(s, e) if self.rules.escape_spaces => {
                             escaped.clear();
+                            // Every text run follows the start or a special token, which is where
+                            // a `Prepend("▁")` normalizer adds its space.
+                            if self.rules.add_space_prefix {
+                                escaped.push('\u{2581}');
+                            }
                             escaped.extend(text[s..e].chars().map(|c| {
                                 if c == ' ' {
                                     '\u{2581}'
@@ -293,8 +302,10 @@ impl Tokenizer {
                 }
             }
             Model::Wpm(wpm) => {
-                // WordPiece always frames with CLS and SEP when asked for framing.
-                if opts.add_special {
+                // GGUF WordPiece always frames with CLS and SEP when asked (as llama.cpp does);
+                // tokenizer.json frames as its post-processor says.
+                let cls = opts.add_special && (self.source == Source::Gguf || self.rules.add_bos);
+                if cls {
                     out.extend(self.special.bos);
                 }
                 for f in fragments {
@@ -443,7 +454,11 @@ fn byte_level_text(bl: &ByteLevel, text: &str) -> Vec<u8> {
                 for b in c.encode_utf8(&mut buf).bytes() {
                     out.extend_from_slice(format!("{b:02x}").as_bytes());
                 }
-                out.extend_from_slice(text.as_bytes());
+                // llama.cpp appends the whole token text to every marker; a hostile vocabulary
+                // could make that quadratic, so long texts get the marker alone.
+                if text.len() <= 256 {
+                    out.extend_from_slice(text.as_bytes());
+                }
                 out.push(b']');
             }
         }

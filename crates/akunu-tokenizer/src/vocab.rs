@@ -55,22 +55,26 @@ pub(crate) struct Vocab {
     pub tokens: Vec<Token>,
     /// Text to id; a text listed twice maps to its last id.
     pub index: FxHashMap<Box<[u8]>, TokenId>,
-    pub max_len: usize,
+    /// The distinct token lengths in bytes, longest first: greedy longest-match only tries
+    /// lengths some token has.
+    pub lengths: Vec<usize>,
 }
 
 impl Vocab {
     pub fn new(tokens: Vec<Token>) -> Self {
         let mut index = FxHashMap::default();
         index.reserve(tokens.len());
-        let mut max_len = 0;
+        let mut lengths = Vec::new();
         for (id, t) in tokens.iter().enumerate() {
-            max_len = max_len.max(t.text.len());
+            lengths.push(t.text.len());
             index.insert(Box::<[u8]>::from(t.text.as_bytes()), id as TokenId);
         }
+        lengths.sort_unstable_by(|a, b| b.cmp(a));
+        lengths.dedup();
         Self {
             tokens,
             index,
-            max_len,
+            lengths,
         }
     }
 

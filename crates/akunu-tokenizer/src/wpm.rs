@@ -129,15 +129,19 @@ fn cover(vocab: &Vocab, word: &str, continuation: &str, out: &mut Vec<TokenId>) 
     let mut key = String::new();
     let mut i = 0;
     while i < word.len() {
-        let max = word.len().min(i + vocab.max_len + 1);
-        let found = (i + 1..=max)
-            .rev()
-            .filter(|&j| word.is_char_boundary(j))
+        let prefix = if i > 0 { continuation } else { "" };
+        let found = vocab
+            .lengths
+            .iter()
+            .filter_map(|&len| {
+                len.checked_sub(prefix.len())
+                    .filter(|&n| n > 0)
+                    .map(|n| i + n)
+            })
+            .filter(|&j| j <= word.len() && word.is_char_boundary(j))
             .find_map(|j| {
                 key.clear();
-                if i > 0 {
-                    key.push_str(continuation);
-                }
+                key.push_str(prefix);
                 key.push_str(&word[i..j]);
                 vocab.id(key.as_bytes()).map(|id| (id, j))
             });

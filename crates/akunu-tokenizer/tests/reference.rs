@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use akunu_tokenizer::{DecodeOptions, EncodeOptions, Tokenizer};
+use akunu_tokenizer::{DecodeOptions, EncodeOptions, Source, Tokenizer};
 use serde_json::Value;
 use unicode_normalization::UnicodeNormalization;
 
@@ -282,7 +282,7 @@ fn decode_inverts_encode_and_streaming_equals_decode() {
                 // SentencePiece-style vocabularies read a literal `▁` as a space, and Qwen's
                 // tokenizer.json normalises to NFC.
                 let lossless = name != "gemma3" || !text.contains('\u{2581}');
-                let nfc = tok.source() == "tokenizer.json" && name == "qwen3";
+                let nfc = tok.source() == Source::TokenizerJson && name == "qwen3";
                 let want: String = if nfc {
                     text.nfc().collect()
                 } else {
@@ -292,7 +292,7 @@ fn decode_inverts_encode_and_streaming_equals_decode() {
                     assert_eq!(
                         tok.decode(&ids, exact),
                         want,
-                        "{name} ({}) round trip",
+                        "{name} ({:?}) round trip",
                         tok.source()
                     );
                 }
@@ -307,7 +307,7 @@ fn decode_inverts_encode_and_streaming_equals_decode() {
                 assert_eq!(
                     streamed,
                     tok.decode(&ids, plain),
-                    "{name} ({}) stream of {:?}",
+                    "{name} ({:?}) stream of {:?}",
                     tok.source(),
                     truncate(text)
                 );
@@ -337,6 +337,43 @@ fn tokenizer_json_decoding_matches_hugging_face() {
                     "{name} {key} {ids:?}"
                 );
             }
+        }
+    }
+}
+
+#[test]
+fn chat_templates_and_end_of_turn_come_from_the_model() {
+    let Some(r) = refs() else { return };
+    // Gemma's file has no template: the built-in Gemma one is chosen from its vocabulary.
+    for (name, arch, marker) in [
+        ("gemma3", "gemma3", "<end_of_turn>"),
+        ("llama3", "llama", "<|eot_id|>"),
+        ("qwen3", "qwen3", "<|im_end|>"),
+    ] {
+        let mut tok = r.gguf(name);
+        let template = tok.chat_template_for(arch).unwrap();
+        let id = tok.learn_end_of_turn(&template).unwrap();
+        assert_eq!(id, tok.token_id(marker), "{name}");
+        assert!(tok.is_eog(id.unwrap()), "{name}");
+        let messages = vec![serde_json::json!({"role": "user", "content": "Hi"})];
+        let prompt = template
+            .render(&akunu_tokenizer::ChatRequest::new(messages))
+            .unwrap();
+        // The rendered prompt parses into the model's own markup tokens.
+        let ids = tok.encode(
+            &prompt,
+            EncodeOptions {
+                add_special: false,
+                parse_special: true,
+            },
+        );
+        assert!(
+            ids.iter()
+                .any(|&t| tok.token_kind(t) == Some(akunu_tokenizer::TokenKind::Control)),
+            "{name}: {prompt:?}"
+        );
+        if let Some(bos) = tok.special_tokens().bos.filter(|_| tok.add_bos()) {
+            assert_eq!(ids[0], bos, "{name}: the template writes BOS itself");
         }
     }
 }

@@ -372,6 +372,12 @@ fn bad_metadata_gives_clear_errors() {
         ("tokenizer.ggml.tokens", 5u32.into()),
     ]);
     assert!(e.contains("not an array of strings"), "{e}");
+    let dup = vec![
+        ("tokenizer.ggml.model", "llama".into()),
+        ("tokenizer.ggml.tokens", MetaValue::strings(["a", "b", "a"])),
+    ];
+    let e = err(dup);
+    assert!(e.contains("token 2 (\"a\") is listed twice"), "{e}");
     // A one-token "llama" vocabulary has no id 1 for the default BOS it must add.
     let e = err(vec![
         ("tokenizer.ggml.model", "llama".into()),
@@ -425,4 +431,73 @@ fn stream_holds_back_split_characters() {
     assert_eq!(s.push(byte(0xBD)), "\u{FFFD}");
     assert_eq!(s.push(byte(0xF0)), "");
     assert_eq!(s.finish(), "\u{FFFD}");
+}
+
+#[test]
+fn nested_special_tokens_claim_longest_first_over_long_runs() {
+    // "a", "aa", ... "a"x50 all user-defined: a long run of "a" is cut into the longest ones,
+    // without the work growing with the number of overlapping matches.
+    let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+    tokens.extend((1..=50).map(|n| "a".repeat(n)));
+    let mut types = vec![UNKNOWN, CONTROL, CONTROL];
+    types.extend([USER; 50]);
+    let scores = vec![0.0; tokens.len()];
+    let tok = build(spm_meta(&tokens, &scores, &types)).unwrap();
+    let ids = tok.encode(
+        &"a".repeat(200_020),
+        EncodeOptions {
+            add_special: false,
+            parse_special: false,
+        },
+    );
+    assert_eq!(ids.len(), 4001);
+    assert!(ids[..4000].iter().all(|&id| id == 52));
+    assert_eq!(ids[4000], 22);
+}
+
+#[test]
+fn hostile_byte_level_token_text_stays_bounded() {
+    // A normal token spelled outside GPT-2's alphabet decodes to visible markers, without
+    // repeating the whole text once per character.
+    let huge = "€".repeat(20_000);
+    let meta = vec![
+        ("tokenizer.ggml.model", "gpt2".into()),
+        (
+            "tokenizer.ggml.tokens",
+            MetaValue::strings(["a".to_owned(), huge]),
+        ),
+        ("tokenizer.ggml.merges", MetaValue::strings(["a a"])),
+    ];
+    let tok = build(meta).unwrap();
+    let piece = tok.piece(1, true);
+    assert!(piece.starts_with(b"[UNK_BYTE_0xe282ac]"));
+    assert_eq!(piece.len(), 20_000 * "[UNK_BYTE_0xe282ac]".len());
+}
+
+#[test]
+fn tokenizer_json_prepend_normalizer_adds_the_space() {
+    // Llama 2 style: Prepend("▁") then Replace(" ", "▁"), BPE with byte fallback.
+    let json = serde_json::json!({
+        "model": {"type": "BPE", "byte_fallback": true, "unk_token": "<unk>",
+                  "vocab": {"<unk>": 0, "H": 1, "i": 2, "\u{2581}": 3, "Hi": 4, "\u{2581}Hi": 5},
+                  "merges": ["H i", "\u{2581} Hi"]},
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "\u{2581}"},
+            {"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}]},
+        "pre_tokenizer": null,
+        "post_processor": null,
+        "added_tokens": [],
+    });
+    let tok = Tokenizer::from_hf_json(&json, None).unwrap();
+    let plain = EncodeOptions {
+        add_special: false,
+        parse_special: false,
+    };
+    assert_eq!(tok.encode("Hi Hi", plain), [5, 5]);
+    let mut bad = json.clone();
+    bad["normalizer"] = serde_json::json!({"type": "Lowercase"});
+    let e = Tokenizer::from_hf_json(&bad, None)
+        .expect_err("refused")
+        .to_string();
+    assert!(e.contains("normalizer \"Lowercase\""), "{e}");
 }

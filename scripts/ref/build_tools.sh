@@ -1,0 +1,28 @@
+# Sourced by the reference build scripts: sets CMAKE and NINJA to tools from PATH, or to native
+# binaries pip-installed under $1/tools (with the Python $2) when PATH has none.
+
+# The executable NAME inside the pip-installed tools: the wheels also install Python launcher
+# scripts that only work on their own sys.path, so take the first native (ELF) binary.
+tool_binary() {
+    local dir=$1 f
+    [ -d "$dir/tools" ] || return 0
+    while IFS= read -r f; do
+        if [ "$(head -c 4 "$f" | od -An -c | tr -d ' ')" = '177ELF' ]; then
+            echo "$f"
+            return
+        fi
+    done < <(find "$dir/tools" -type f -name "$2" -perm -u+x)
+}
+
+find_build_tools() {
+    local dir=$1 py=$2
+    CMAKE=$(command -v cmake || true)
+    NINJA=$(command -v ninja || true)
+    if [ -z "$CMAKE" ] || [ -z "$NINJA" ]; then
+        if [ -z "$(tool_binary "$dir" cmake)" ] || [ -z "$(tool_binary "$dir" ninja)" ]; then
+            "$py" -m pip install --quiet --target "$dir/tools" cmake ninja
+        fi
+        CMAKE=${CMAKE:-$(tool_binary "$dir" cmake)}
+        NINJA=${NINJA:-$(tool_binary "$dir" ninja)}
+    fi
+}
