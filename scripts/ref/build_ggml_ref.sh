@@ -30,13 +30,8 @@ if [ -f "$OUT/libggml-base.so" ] && [ "$(cat "$OUT/STAMP" 2>/dev/null)" = "$STAM
     exit 0
 fi
 
-if [ -n "${PYTHON:-}" ]; then
-    PY=$PYTHON
-elif [ -x "$ROOT/.venv/bin/python" ]; then
-    PY=$ROOT/.venv/bin/python
-else
-    PY=python3
-fi
+. "$(dirname "$0")/common.sh"
+PY=$(pick_python "$ROOT")
 
 for tool in gcc g++; do
     command -v "$tool" >/dev/null || { echo "$tool is required" >&2; exit 1; }
@@ -58,7 +53,6 @@ tar -xzf "$SDIST" -C "$OUT/src" --strip-components=3 \
 # reading; it only matters for `install`, so an empty one will do.
 touch "$OUT/src/ggml/ggml.pc.in"
 
-. "$(dirname "$0")/build_tools.sh"
 find_build_tools "$OUT" "$PY"
 
 "$CMAKE" -S "$OUT/src/ggml" -B "$OUT/build" -G Ninja -DCMAKE_MAKE_PROGRAM="$NINJA" \

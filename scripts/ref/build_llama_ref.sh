@@ -42,13 +42,8 @@ for tool in gcc g++; do
     command -v "$tool" >/dev/null || { echo "$tool is required" >&2; exit 1; }
 done
 
-if [ -n "${PYTHON:-}" ]; then
-    PY=$PYTHON
-elif [ -x "$ROOT/.venv/bin/python" ]; then
-    PY=$ROOT/.venv/bin/python
-else
-    PY=python3
-fi
+. "$(dirname "$0")/common.sh"
+PY=$(pick_python "$ROOT")
 
 llama_ok() {
     [ -x "$OUT/llama-tokenize" ] && [ -f "$OUT/build/bin/libllama.so" ] &&
@@ -84,7 +79,6 @@ else
         --exclude="llama_cpp_python-$LCP_VERSION/vendor/llama.cpp/.git" \
         "llama_cpp_python-$LCP_VERSION/vendor/llama.cpp"
 
-    . "$(dirname "$0")/build_tools.sh"
     find_build_tools "$OUT" "$PY"
 
     # The build asks git for a version string; a ceiling keeps it from finding the repository that

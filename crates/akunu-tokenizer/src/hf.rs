@@ -306,6 +306,18 @@ struct Normalizer {
     prepend_metaspace: bool,
 }
 
+/// The parts of a pipeline stage: the list under `key` of a `Sequence`, else the stage itself.
+fn steps<'a>(stage: &'a Value, key: &str) -> Vec<&'a Value> {
+    match stage.get("type").and_then(Value::as_str) {
+        Some("Sequence") => stage
+            .get(key)
+            .and_then(Value::as_array)
+            .map(|a| a.iter().collect())
+            .unwrap_or_default(),
+        _ => vec![stage],
+    }
+}
+
 fn read_normalizer(n: Option<&Value>, wordpiece: bool) -> Result<Normalizer, TokenizerError> {
     let mut out = Normalizer::default();
     let Some(n) = n.filter(|n| !n.is_null()) else {
@@ -325,15 +337,7 @@ fn read_normalizer(n: Option<&Value>, wordpiece: bool) -> Result<Normalizer, Tok
         }
         return Ok(out);
     }
-    let steps: Vec<&Value> = match kind(n).as_str() {
-        "Sequence" => n
-            .get("normalizers")
-            .and_then(Value::as_array)
-            .map(|a| a.iter().collect())
-            .unwrap_or_default(),
-        _ => vec![n],
-    };
-    for s in steps {
+    for s in steps(n, "normalizers") {
         match kind(s).as_str() {
             "NFC" => out.nfc = true,
             "Replace"
@@ -365,19 +369,12 @@ fn read_pre_tokenizer(
     let Some(p) = p.filter(|p| !p.is_null()) else {
         return Ok((None, false));
     };
-    let steps: Vec<&Value> = match p.get("type").and_then(Value::as_str) {
-        Some("Sequence") => p
-            .get("pretokenizers")
-            .and_then(Value::as_array)
-            .map(|a| a.iter().collect())
-            .unwrap_or_default(),
-        _ => vec![p],
-    };
+    let parts = steps(p, "pretokenizers");
     let mut split: Option<PreTokenizer> = None;
     let mut byte_level_regex = false;
     let mut byte_level = false;
     let mut digits = false;
-    for s in steps {
+    for s in parts {
         match s.get("type").and_then(Value::as_str).unwrap_or("") {
             "ByteLevel" => {
                 byte_level = true;
@@ -466,15 +463,7 @@ fn read_post_processor(
         }
         Ok(())
     };
-    let steps: Vec<&Value> = match p.get("type").and_then(Value::as_str) {
-        Some("Sequence") => p
-            .get("processors")
-            .and_then(Value::as_array)
-            .map(|a| a.iter().collect())
-            .unwrap_or_default(),
-        _ => vec![p],
-    };
-    for p in steps {
+    for p in steps(p, "processors") {
         match p.get("type").and_then(Value::as_str).unwrap_or("") {
             // Only moves offsets.
             "ByteLevel" => {}
