@@ -267,13 +267,13 @@ struct Work {
 }
 
 impl Work {
-    fn live(&self) -> Vec<u32> {
-        let mut v = Vec::new();
+    /// The symbols left after merging, in order.
+    fn live(&self) -> impl Iterator<Item = u32> + '_ {
         let mut i = 0;
-        while i < self.syms.len() {
-            v.push(self.syms[i]);
+        std::iter::from_fn(move || {
+            let s = *self.syms.get(i)?;
             i = self.next[i];
-        }
-        v
+            Some(s)
+        })
     }
 }

@@ -119,15 +119,6 @@ impl Tokenizer {
         rules.add_space_prefix = normalizer.prepend_metaspace;
 
         let model = if wordpiece {
-            let n = tokenizer.get("normalizer").filter(|n| !n.is_null());
-            let lowercase = n
-                .and_then(|n| n.get("lowercase"))
-                .and_then(Value::as_bool)
-                .unwrap_or(false);
-            let strip_accents = n
-                .and_then(|n| n.get("strip_accents"))
-                .and_then(Value::as_bool)
-                .unwrap_or(lowercase);
             let max_word_chars = model
                 .get("max_input_chars_per_word")
                 .and_then(Value::as_u64)
@@ -149,8 +140,8 @@ impl Tokenizer {
                 max_word_chars: max_word_chars as usize,
             };
             Model::Wpm(Wpm {
-                lowercase,
-                strip_accents,
+                lowercase: normalizer.lowercase,
+                strip_accents: normalizer.strip_accents,
                 style,
             })
         } else {
@@ -304,6 +295,9 @@ struct Normalizer {
     nfc: bool,
     spaces_to_metaspace: bool,
     prepend_metaspace: bool,
+    /// WordPiece (`BertNormalizer`) options.
+    lowercase: bool,
+    strip_accents: bool,
 }
 
 /// The parts of a pipeline stage: the list under `key` of a `Sequence`, else the stage itself.
@@ -330,11 +324,14 @@ fn read_normalizer(n: Option<&Value>, wordpiece: bool) -> Result<Normalizer, Tok
             .to_owned()
     };
     if wordpiece {
-        // WordPiece options are read with the model, from a BertNormalizer doing all it can.
+        // Only a BertNormalizer doing all it can, as the WordPiece splitter assumes.
         let full = |k: &str| n.get(k).and_then(Value::as_bool) != Some(false);
         if kind(n) != "BertNormalizer" || !full("clean_text") || !full("handle_chinese_chars") {
             return Err(unsupported(format!("WordPiece normalizer {n}")));
         }
+        let flag = |k: &str| n.get(k).and_then(Value::as_bool);
+        out.lowercase = flag("lowercase").unwrap_or(false);
+        out.strip_accents = flag("strip_accents").unwrap_or(out.lowercase);
         return Ok(out);
     }
     for s in steps(n, "normalizers") {
