@@ -37,7 +37,7 @@ impl Raw {
         self.u32(code).u64(offset)
     }
     fn pad_to(&mut self, alignment: usize) -> &mut Self {
-        while self.0.len() % alignment != 0 {
+        while !self.0.len().is_multiple_of(alignment) {
             self.0.push(0);
         }
         self

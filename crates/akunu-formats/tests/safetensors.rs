@@ -528,7 +528,7 @@ fn agrees_with_the_hf_reader_on_corrupted_files() {
         }
         let mut text = serde_json::Value::Object(header).to_string();
         // Pad like the Python writer does, so data starts 8-byte aligned.
-        while text.len() % 8 != 0 {
+        while !text.len().is_multiple_of(8) {
             text.push(' ');
         }
         let bytes = image(&text, &data);

@@ -68,7 +68,7 @@ pub enum QuantError {
 /// Checks that `elements` values of `ty` take exactly `bytes` bytes.
 fn check_len(ty: GgmlType, elements: usize, bytes: usize) -> Result<(), QuantError> {
     let block_size = ty.block_size();
-    if elements % block_size != 0 {
+    if !elements.is_multiple_of(block_size) {
         return Err(QuantError::PartialBlock {
             ty,
             elements,

@@ -100,7 +100,7 @@ impl GgmlType {
     /// blocks or the size overflows `u64`.
     pub fn bytes_for(self, n_elements: u64) -> Option<u64> {
         let block = self.block_size() as u64;
-        if n_elements % block != 0 {
+        if !n_elements.is_multiple_of(block) {
             return None;
         }
         (n_elements / block).checked_mul(self.type_size() as u64)
