@@ -1,0 +1,135 @@
+//! The decode loop: prompt in, streamed text out.
+//!
+//! Plan: keep whatever prefix of the prompt the slot already holds (chat turns and repeated
+//! prompts skip their shared prefix), evaluate the rest in batches, then alternate sampling
+//! and single-token passes. Each token goes through the streaming detokenizer (complete UTF-8
+//! only) and the stop-string matcher (which holds back text that might begin a stop string)
+//! before the caller sees it. Generation ends at an end-of-generation token of the model, a
+//! stop string, the token limit, a full context, or when the caller asks.
+
+use std::time::{Duration, Instant};
+
+use akunu_tokenizer::Tokenizer;
+
+use crate::backend::Backend;
+use crate::sampling::{Sampler, SamplerParams};
+use crate::session::{Logits, Session};
+use crate::stop::StopMatcher;
+use crate::EngineError;
+
+#[derive(Clone, Debug)]
+pub struct GenerateParams {
+    /// Most tokens to generate; `None` runs until another reason stops generation.
+    pub max_tokens: Option<usize>,
+    pub sampler: SamplerParams,
+    pub stop: Vec<String>,
+    /// Keep going past end-of-generation tokens (benchmarks, debugging).
+    pub ignore_eos: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    EndOfGeneration,
+    StopString,
+    MaxTokens,
+    ContextFull,
+    Cancelled,
+}
+
+#[derive(Clone, Debug)]
+pub struct GenerateOutput {
+    pub tokens: Vec<u32>,
+    pub reason: StopReason,
+    /// Prompt tokens taken from the slot's cache instead of being evaluated.
+    pub reused: usize,
+    pub prompt_tokens: usize,
+    pub prompt_time: Duration,
+    pub gen_time: Duration,
+}
+
+impl GenerateOutput {
+    /// Evaluated prompt tokens per second.
+    pub fn prompt_tps(&self) -> f64 {
+        rate(self.prompt_tokens - self.reused, self.prompt_time)
+    }
+
+    /// Generated tokens per second (the first token's sampling counts as generation).
+    pub fn gen_tps(&self) -> f64 {
+        rate(self.tokens.len(), self.gen_time)
+    }
+}
+
+fn rate(n: usize, t: Duration) -> f64 {
+    if t.is_zero() {
+        0.0
+    } else {
+        n as f64 / t.as_secs_f64()
+    }
+}
+
+/// Continues `prompt` (the slot's whole token sequence, prefix included) and calls `on_text`
+/// with each piece of text as it becomes final; `on_text` returns `false` to stop.
+pub fn generate<B: Backend>(
+    session: &mut Session<B>,
+    slot: usize,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    params: &GenerateParams,
+    mut on_text: impl FnMut(&str) -> bool,
+) -> Result<GenerateOutput, EngineError> {
+    if prompt.is_empty() {
+        return Err(EngineError::BadBatch("the prompt has no tokens".into()));
+    }
+    let mut sampler = Sampler::new(params.sampler.clone(), session.n_vocab())?;
+    let start = Instant::now();
+    let reused = session.reuse_prefix(slot, prompt)?;
+    for &t in prompt {
+        sampler.accept(t);
+    }
+    let mut logits = session
+        .eval(slot, &prompt[reused..], Logits::Last)?
+        .to_vec();
+    let prompt_time = start.elapsed();
+
+    let gen_start = Instant::now();
+    let mut stream = tokenizer.stream();
+    let mut stops = StopMatcher::new(&params.stop);
+    let mut tokens = Vec::new();
+    let reason = loop {
+        if params.max_tokens.is_some_and(|m| tokens.len() >= m) {
+            break StopReason::MaxTokens;
+        }
+        let tok = sampler.sample(&mut logits);
+        sampler.accept(tok);
+        if tokenizer.is_eog(tok) && !params.ignore_eos {
+            break StopReason::EndOfGeneration;
+        }
+        tokens.push(tok);
+        let out = stops.push(&stream.push(tok));
+        if !out.text.is_empty() && !on_text(&out.text) {
+            break StopReason::Cancelled;
+        }
+        if out.stopped() {
+            break StopReason::StopString;
+        }
+        if session.tokens(slot).len() >= session.n_ctx() {
+            break StopReason::ContextFull;
+        }
+        logits.copy_from_slice(session.eval(slot, &[tok], Logits::Last)?);
+    };
+    if !matches!(reason, StopReason::StopString | StopReason::Cancelled) {
+        let mut tail = stops.push(&stream.finish()).text;
+        tail.push_str(&stops.finish());
+        if !tail.is_empty() {
+            on_text(&tail);
+        }
+    }
+    Ok(GenerateOutput {
+        tokens,
+        reason,
+        reused,
+        prompt_tokens: prompt.len(),
+        prompt_time,
+        gen_time: gen_start.elapsed(),
+    })
+}

@@ -1,0 +1,257 @@
+//! Sessions: KV-cache slots over a backend, with prefill, decode and rollback.
+//!
+//! Plan: the session remembers, per slot, the tokens whose keys and values are in the cache.
+//! Evaluating tokens appends them (in chunks of the backend's batch size, each a single forward
+//! pass); rollback just forgets a suffix (the cache rows are overwritten by what comes next),
+//! which is what prefix reuse and speculative decoding need. Context overflow and bad token ids
+//! are refused before any work is done, so a failed call leaves the slot as it was.
+
+use crate::backend::{Backend, Batch};
+use crate::EngineError;
+
+/// Which logits an evaluation returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// None (the tokens only fill the cache).
+    None,
+    /// The last token's only: what generation needs.
+    Last,
+}
+
+pub struct Session<B: Backend> {
+    backend: B,
+    n_vocab: usize,
+    history: Vec<Vec<u32>>,
+    tokens: Vec<u32>,
+    positions: Vec<u32>,
+    slot_ids: Vec<u32>,
+    outputs: Vec<u32>,
+}
+
+impl<B: Backend> Session<B> {
+    pub fn new(backend: B, n_vocab: usize) -> Session<B> {
+        let n_slots = backend.n_slots();
+        Session {
+            backend,
+            n_vocab,
+            history: vec![Vec::new(); n_slots],
+            tokens: Vec::new(),
+            positions: Vec::new(),
+            slot_ids: Vec::new(),
+            outputs: Vec::new(),
+        }
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.backend.n_ctx()
+    }
+
+    pub fn n_slots(&self) -> usize {
+        self.history.len()
+    }
+
+    pub fn n_vocab(&self) -> usize {
+        self.n_vocab
+    }
+
+    /// The tokens whose keys and values slot `slot` holds.
+    pub fn tokens(&self, slot: usize) -> &[u32] {
+        self.history.get(slot).map_or(&[], Vec::as_slice)
+    }
+
+    /// Forgets everything after the first `len` tokens of the slot.
+    pub fn truncate(&mut self, slot: usize, len: usize) -> Result<(), EngineError> {
+        self.check_slot(slot)?;
+        self.history[slot].truncate(len);
+        Ok(())
+    }
+
+    pub fn clear(&mut self, slot: usize) -> Result<(), EngineError> {
+        self.truncate(slot, 0)
+    }
+
+    /// Keeps the longest prefix of the slot's tokens that `tokens` starts with, and returns its
+    /// length: the tokens after it are what still has to be evaluated.
+    pub fn reuse_prefix(&mut self, slot: usize, tokens: &[u32]) -> Result<usize, EngineError> {
+        self.check_slot(slot)?;
+        let have = &self.history[slot];
+        let mut n = have.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+        // The last prompt token is always evaluated again so its logits are fresh.
+        if n == tokens.len() && n > 0 {
+            n -= 1;
+        }
+        self.history[slot].truncate(n);
+        Ok(n)
+    }
+
+    /// Appends `tokens` to the slot, in passes of at most the backend's batch size. With
+    /// [`Logits::Last`], returns the logits after the last token.
+    pub fn eval(
+        &mut self,
+        slot: usize,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<&[f32], EngineError> {
+        self.check_append(slot, tokens)?;
+        if tokens.is_empty() {
+            return Err(EngineError::BadBatch("no tokens to evaluate".into()));
+        }
+        let chunk = self.backend.max_batch().max(1);
+        let n_chunks = tokens.len().div_ceil(chunk);
+        for (i, part) in tokens.chunks(chunk).enumerate() {
+            let want_last = logits == Logits::Last && i + 1 == n_chunks;
+            self.run(slot, part, |n| {
+                if want_last {
+                    vec![n as u32 - 1]
+                } else {
+                    vec![]
+                }
+            })?;
+        }
+        if logits == Logits::Last {
+            self.last_output()
+        } else {
+            Ok(&[])
+        }
+    }
+
+    /// Appends `tokens` to the slot and calls `each(i, logits)` for every position `i` of
+    /// `tokens` (the logits predicting token `i + 1`), in order. Passes hold at most
+    /// `max_rows` tokens, which bounds the logits memory (`max_rows * n_vocab` floats).
+    pub fn eval_all(
+        &mut self,
+        slot: usize,
+        tokens: &[u32],
+        max_rows: usize,
+        mut each: impl FnMut(usize, &[f32]),
+    ) -> Result<(), EngineError> {
+        self.check_append(slot, tokens)?;
+        let chunk = self.backend.max_batch().min(max_rows).max(1);
+        let n_vocab = self.n_vocab;
+        let mut done = 0;
+        for part in tokens.chunks(chunk) {
+            self.run(slot, part, |n| (0..n as u32).collect())?;
+            let out = self.last_output()?;
+            for (j, row) in out.chunks_exact(n_vocab).enumerate() {
+                each(done + j, row);
+            }
+            done += part.len();
+        }
+        Ok(())
+    }
+
+    /// One token for each of several slots in a single pass (batched decode). Returns the
+    /// logits of each, in the order given.
+    pub fn decode_many(&mut self, steps: &[(usize, u32)]) -> Result<&[f32], EngineError> {
+        if steps.is_empty() || steps.len() > self.backend.max_batch() {
+            return Err(EngineError::BadBatch(format!(
+                "{} steps (1..={} per pass)",
+                steps.len(),
+                self.backend.max_batch()
+            )));
+        }
+        for (i, &(slot, tok)) in steps.iter().enumerate() {
+            self.check_append(slot, &[tok])?;
+            if steps[..i].iter().any(|&(s, _)| s == slot) {
+                return Err(EngineError::BadBatch(format!("slot {slot} appears twice")));
+            }
+        }
+        self.tokens.clear();
+        self.positions.clear();
+        self.slot_ids.clear();
+        self.outputs.clear();
+        for (i, &(slot, tok)) in steps.iter().enumerate() {
+            self.tokens.push(tok);
+            self.positions.push(self.history[slot].len() as u32);
+            self.slot_ids.push(slot as u32);
+            self.outputs.push(i as u32);
+        }
+        self.forward()?;
+        for &(slot, tok) in steps {
+            self.history[slot].push(tok);
+        }
+        self.last_output()
+    }
+
+    fn run(
+        &mut self,
+        slot: usize,
+        part: &[u32],
+        outputs: impl FnOnce(usize) -> Vec<u32>,
+    ) -> Result<(), EngineError> {
+        let start = self.history[slot].len() as u32;
+        self.tokens.clear();
+        self.tokens.extend_from_slice(part);
+        self.positions.clear();
+        self.positions.extend(start..start + part.len() as u32);
+        self.slot_ids.clear();
+        self.slot_ids.resize(part.len(), slot as u32);
+        self.outputs = outputs(part.len());
+        self.forward()?;
+        self.history[slot].extend_from_slice(part);
+        Ok(())
+    }
+
+    fn forward(&mut self) -> Result<(), EngineError> {
+        let batch = Batch {
+            tokens: &self.tokens,
+            positions: &self.positions,
+            slots: &self.slot_ids,
+            outputs: &self.outputs,
+        };
+        self.backend.forward(&batch)?;
+        Ok(())
+    }
+
+    /// The logits of the last forward pass.
+    fn last_output(&self) -> Result<&[f32], EngineError> {
+        let want = self.outputs.len() * self.n_vocab;
+        let out = self.backend.logits();
+        if out.len() != want {
+            return Err(EngineError::Backend(format!(
+                "backend returned {} logits, expected {want}",
+                out.len()
+            )));
+        }
+        Ok(out)
+    }
+
+    fn check_slot(&self, slot: usize) -> Result<(), EngineError> {
+        if slot >= self.history.len() {
+            return Err(EngineError::BadSlot {
+                slot,
+                n_slots: self.history.len(),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_append(&self, slot: usize, tokens: &[u32]) -> Result<(), EngineError> {
+        self.check_slot(slot)?;
+        let have = self.history[slot].len();
+        let n_ctx = self.backend.n_ctx();
+        if have + tokens.len() > n_ctx {
+            return Err(EngineError::ContextFull {
+                slot,
+                have,
+                adding: tokens.len(),
+                n_ctx,
+            });
+        }
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= self.n_vocab) {
+            return Err(EngineError::BadToken {
+                id,
+                n_vocab: self.n_vocab,
+            });
+        }
+        Ok(())
+    }
+}
