@@ -1,0 +1,235 @@
+//! Activation rows quantized once per product, in the form the weight type's dot product wants.
+//!
+//! Levels follow ggml exactly, so that products track llama.cpp's: Q8_0 as its x86
+//! `quantize_row_q8_0` (`id = 127/amax`, round half to even, the `f16`-rounded scale used in the
+//! dot product) and Q8_K as `quantize_row_q8_K_ref` (the signed extreme maps to −127, `f32`
+//! scale). Per group of 16 or 32 levels the scale `sx`, the level sum `Σq` and `s = sx·Σq` are
+//! kept for the offset and min corrections of [`super::decode`].
+
+use akunu_quant::{blocks::F16Le, GgmlType};
+use rayon::prelude::*;
+
+use super::decode::{act_layout, ActFormat};
+
+/// Rows with at least this many elements in all are quantized in parallel.
+const PAR_MIN_ELEMS: usize = 1 << 16;
+
+/// What the activations were prepared for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Prepared {
+    /// Plain `f32` copies (F32, F16 and BF16 weights).
+    Float,
+    /// Quantized levels with per-group scales and sums.
+    Quant { format: ActFormat, group: usize },
+}
+
+/// `m` input rows of length `k`, converted once for the dot product of one weight type.
+///
+/// Built by [`Activations::quantize_for`] and reused across calls without reallocating: the
+/// buffers only grow. The same activations serve every weight type with the same layout (e.g.
+/// Q4_0, Q5_0, Q8_0 and IQ4_NL share Q8_0 blocks); [`super::matmul`] checks it.
+#[derive(Debug, Default)]
+pub struct Activations {
+    pub(crate) prepared: Option<Prepared>,
+    pub(crate) m: usize,
+    pub(crate) k: usize,
+    /// `m·k` values for float weights.
+    pub(crate) f: Vec<f32>,
+    /// `m·k` levels, row-major.
+    pub(crate) q: Vec<i8>,
+    /// `m·k/group` scales, one per group, row-major.
+    pub(crate) sx: Vec<f32>,
+    /// `m·k/group` level sums `Σq` per group (integers, exact in `f32`).
+    pub(crate) xsum: Vec<f32>,
+    /// `m·k/group` values `sx·Σq` per group.
+    pub(crate) s: Vec<f32>,
+}
+
+impl Activations {
+    /// Empty activations; the first [`Activations::quantize_for`] allocates.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether these activations, as last prepared, serve products with weights of type `ty`
+    /// (every type with the same activation layout shares them).
+    pub fn serves(&self, ty: GgmlType) -> bool {
+        self.prepared.is_some() && self.prepared == Self::layout(ty)
+    }
+
+    /// The preparation weights of type `ty` need.
+    pub(crate) fn layout(ty: GgmlType) -> Option<Prepared> {
+        match act_layout(ty) {
+            Some((format, group)) => Some(Prepared::Quant { format, group }),
+            None => Some(Prepared::Float),
+        }
+    }
+
+    /// Rows held.
+    pub fn m(&self) -> usize {
+        self.m
+    }
+
+    /// Row length.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Converts `x` (`m` rows of `k`, row-major) for products with weights of type `ty`.
+    ///
+    /// # Panics
+    /// If `x.len() != m·k`, or if `k` is not a whole number of the activation blocks the type
+    /// uses (32 elements, 256 for the k-quants and IQ4_XS); a weight matrix of that type with `k`
+    /// columns cannot exist. Types without a kernel are prepared as `f32` and refused by
+    /// [`super::matmul`].
+    pub fn quantize_for(&mut self, ty: GgmlType, x: &[f32], m: usize, k: usize) {
+        assert_eq!(
+            x.len(),
+            m * k,
+            "activations: {m}x{k} needs {} values",
+            m * k
+        );
+        self.m = m;
+        self.k = k;
+        let Some((format, group)) = act_layout(ty) else {
+            self.prepared = Some(Prepared::Float);
+            self.f.clear();
+            self.f.extend_from_slice(x);
+            return;
+        };
+        let block = match format {
+            ActFormat::Q8_0 => 32,
+            ActFormat::Q8K => 256,
+        };
+        assert!(
+            k.is_multiple_of(block),
+            "activations: k = {k} is not a multiple of {block} ({ty})"
+        );
+        self.prepared = Some(Prepared::Quant { format, group });
+        self.q.resize(m * k, 0);
+        self.sx.resize(m * k / group, 0.0);
+        self.xsum.resize(m * k / group, 0.0);
+        self.s.resize(m * k / group, 0.0);
+        if m == 0 || k == 0 {
+            return;
+        }
+        let ng = k / group;
+        // One task when the work is small: splitting it costs more than it saves.
+        let min_len = if m * k >= PAR_MIN_ELEMS { 1 } else { m };
+        x.par_chunks_exact(k)
+            .zip(self.q.par_chunks_exact_mut(k))
+            .zip(self.sx.par_chunks_exact_mut(ng))
+            .zip(self.xsum.par_chunks_exact_mut(ng))
+            .zip(self.s.par_chunks_exact_mut(ng))
+            .with_min_len(min_len)
+            .for_each(|((((x, q), sx), xsum), s)| {
+                match format {
+                    ActFormat::Q8_0 => quantize_row_q8_0(x, q, sx),
+                    ActFormat::Q8K => quantize_row_q8_k(x, q, group, sx),
+                }
+                for (((q, sx), xsum), s) in q.chunks_exact(group).zip(sx).zip(xsum).zip(s) {
+                    let sum: i32 = q.iter().map(|&v| i32::from(v)).sum();
+                    *xsum = sum as f32;
+                    *s = *sx * sum as f32;
+                }
+            });
+    }
+}
+
+/// `x` rounded to the nearest integer, ties to even, for `|x| < 2²²` (ggml's `nearest_int`):
+/// adding 1.5·2²³ leaves the rounded integer in the low mantissa bits. Unlike
+/// `f32::round_ties_even`, which is a library call without SSE4.1, this vectorizes anywhere.
+#[inline(always)]
+fn round_half_even(x: f32) -> i32 {
+    let v = x + 12_582_912.0;
+    (v.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
+}
+
+/// One row as Q8_0 blocks (group 32).
+fn quantize_row_q8_0(x: &[f32], q: &mut [i8], sx: &mut [f32]) {
+    for ((x, q), sx) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)).zip(sx) {
+        let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        let d = F16Le::from_f32(amax / 127.0).to_f32();
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        for (q, &v) in q.iter_mut().zip(x) {
+            *q = round_half_even(v * id) as i8;
+        }
+        *sx = d;
+    }
+}
+
+/// One row as Q8_K super-blocks, the scale repeated for each `group` (16 or 32) levels.
+fn quantize_row_q8_k(x: &[f32], q: &mut [i8], group: usize, sx: &mut [f32]) {
+    let per = 256 / group;
+    for ((x, q), sx) in x
+        .chunks_exact(256)
+        .zip(q.chunks_exact_mut(256))
+        .zip(sx.chunks_exact_mut(per))
+    {
+        let (mut max, mut amax) = (0.0f32, 0.0f32);
+        for &v in x {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        if amax == 0.0 {
+            q.fill(0);
+            sx.fill(0.0);
+            continue;
+        }
+        let iscale = -127.0 / max;
+        for (q, &v) in q.iter_mut().zip(x) {
+            *q = round_half_even(iscale * v).min(127) as i8;
+        }
+        sx.fill(1.0 / iscale);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use akunu_quant::BlockQ8_K;
+
+    fn data(n: usize) -> Vec<f32> {
+        let mut s = 12345u32;
+        (0..n)
+            .map(|i| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s as f32 / u32::MAX as f32 - 0.5) * (1.0 + (i % 7) as f32)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn q8_k_matches_reference_bit_for_bit() {
+        let x = data(512);
+        let mut a = Activations::new();
+        a.quantize_for(GgmlType::Q6_K, &x, 1, 512);
+        for (blk, xs) in x.chunks_exact(256).enumerate() {
+            let r = BlockQ8_K::quantize(xs.try_into().unwrap());
+            assert_eq!(&a.q[256 * blk..256 * blk + 256], &r.qs);
+            for j in 0..16 {
+                assert_eq!(a.sx[16 * blk + j], r.d.get());
+                assert_eq!(a.xsum[16 * blk + j], f32::from(r.bsums[j].get()));
+                assert_eq!(a.s[16 * blk + j], r.d.get() * f32::from(r.bsums[j].get()));
+            }
+        }
+    }
+
+    #[test]
+    fn q8_0_rounds_half_to_even_with_f16_scale() {
+        let mut x = vec![0.0f32; 32];
+        x[0] = 127.0;
+        x[1] = 2.5;
+        x[2] = -3.5;
+        let mut a = Activations::new();
+        a.quantize_for(GgmlType::Q5_0, &x, 1, 32);
+        assert_eq!(&a.q[..3], &[127, 2, -4]);
+        assert_eq!(a.sx[0], 1.0);
+        assert_eq!(a.xsum[0], 125.0);
+        assert_eq!(a.s[0], 125.0);
+    }
+}
