@@ -1,12 +1,18 @@
 //! The `akunu` command-line tool.
 
+mod bench;
+mod chat;
+mod engine;
+mod generate;
 mod inspect;
+mod perplexity;
+mod profile;
 mod tokenize;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
@@ -84,11 +90,99 @@ enum Command {
         #[arg(long)]
         no_escape: bool,
     },
+    /// Answer a prompt: the prompt becomes a user message in the model's chat template, the
+    /// reply streams to stdout and statistics go to stderr.
+    Run {
+        #[command(flatten)]
+        model: ModelArg,
+        #[command(flatten)]
+        prompt: PromptArg,
+        /// A system message ahead of the prompt.
+        #[arg(long, value_name = "TEXT")]
+        system: Option<String>,
+        #[command(flatten)]
+        engine: engine::EngineArgs,
+        #[command(flatten)]
+        gen: engine::GenArgs,
+        /// No statistics on stderr.
+        #[arg(short, long)]
+        quiet: bool,
+    },
+    /// Continue raw text (no chat template): the continuation streams to stdout.
+    Complete {
+        #[command(flatten)]
+        model: ModelArg,
+        #[command(flatten)]
+        prompt: PromptArg,
+        #[command(flatten)]
+        engine: engine::EngineArgs,
+        #[command(flatten)]
+        gen: engine::GenArgs,
+        /// No statistics on stderr.
+        #[arg(short, long)]
+        quiet: bool,
+    },
+    /// Talk with the model: multi-turn, the KV cache is reused between turns.
+    Chat {
+        #[command(flatten)]
+        model: ModelArg,
+        /// A system message for the conversation.
+        #[arg(long, value_name = "TEXT")]
+        system: Option<String>,
+        #[command(flatten)]
+        engine: engine::EngineArgs,
+        #[command(flatten)]
+        gen: engine::GenArgs,
+    },
+    /// Perplexity of a text file, computed as llama-perplexity does (same chunking, same output).
+    Perplexity(perplexity::PerplexityArgs),
+    /// Prompt-processing and generation speed, as llama-bench measures and prints it.
+    Bench(bench::BenchArgs),
+    /// Time every op of the plan over a prompt pass and decode steps, summed over layers.
+    Profile {
+        #[command(flatten)]
+        model: ModelArg,
+        /// Prompt tokens (random ids) for the prompt pass; 0 skips it.
+        #[arg(short = 'p', long = "n-prompt", default_value_t = 128)]
+        n_prompt: usize,
+        /// Decode steps to time; 0 skips them.
+        #[arg(short = 'n', long = "n-gen", default_value_t = 32)]
+        n_gen: usize,
+        #[command(flatten)]
+        engine: engine::EngineArgs,
+    },
+}
+
+/// The prompt of a generation command.
+#[derive(Args)]
+struct PromptArg {
+    /// The prompt text.
+    #[arg(
+        short = 'p',
+        long = "prompt",
+        allow_hyphen_values = true,
+        conflicts_with = "file"
+    )]
+    prompt: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    file: Option<PathBuf>,
+}
+
+impl PromptArg {
+    fn text(&self) -> Result<String> {
+        match (&self.prompt, &self.file) {
+            (Some(p), _) => Ok(p.clone()),
+            (_, Some(f)) => std::fs::read_to_string(f)
+                .with_context(|| format!("reading the prompt from {}", f.display())),
+            _ => bail!("give the prompt with -p TEXT or -f FILE"),
+        }
+    }
 }
 
 /// The model a command works on.
 #[derive(Args)]
-struct ModelArg {
+pub(crate) struct ModelArg {
     /// Model file, Hugging Face file (`owner/repo/file.gguf`) or URL; the default model is
     /// fetched on first use when none is given.
     #[arg(value_name = "MODEL")]
@@ -103,7 +197,7 @@ struct ModelArg {
 }
 
 impl ModelArg {
-    fn resolve(&self) -> Result<PathBuf> {
+    pub(crate) fn resolve(&self) -> Result<PathBuf> {
         if let Some(local) = self.spec().map(std::path::Path::new).filter(|p| p.is_dir()) {
             return Ok(local.to_path_buf());
         }
@@ -189,11 +283,74 @@ fn run(cli: Cli) -> Result<()> {
             };
             tokenize::run(&tok, input, &opts)
         }
+        Command::Run {
+            model,
+            prompt,
+            system,
+            engine,
+            gen,
+            quiet,
+        } => generate::run(
+            &model.resolve()?,
+            &prompt.text()?,
+            generate::Mode::Chat { system },
+            &engine,
+            &gen,
+            quiet,
+        ),
+        Command::Chat {
+            model,
+            system,
+            engine,
+            gen,
+        } => chat::run(&model.resolve()?, system, &engine, &gen),
+        Command::Perplexity(args) => perplexity::run(&args),
+        Command::Bench(args) => bench::run(&args),
+        Command::Profile {
+            model,
+            n_prompt,
+            n_gen,
+            engine,
+        } => profile::run(&model.resolve()?, n_prompt, n_gen, &engine),
+        Command::Complete {
+            model,
+            prompt,
+            engine,
+            gen,
+            quiet,
+        } => generate::run(
+            &model.resolve()?,
+            &prompt.text()?,
+            generate::Mode::Raw,
+            &engine,
+            &gen,
+            quiet,
+        ),
     }
 }
 
+/// llama.cpp spells some long options with one dash (`-ngl 99`); clap reads those as bundles
+/// of short flags, so they are rewritten to their long names first.
+fn llama_style_args() -> Vec<std::ffi::OsString> {
+    const ALIASES: &[(&str, &str)] = &[
+        ("-ngl", "--n-gpu-layers"),
+        ("-fa", "--flash-attn"),
+        ("-ub", "--ubatch-size"),
+        ("-pg", "--pg"),
+        ("-oe", "--output-err"),
+    ];
+    std::env::args_os()
+        .map(
+            |a| match ALIASES.iter().find(|(short, _)| a.to_str() == Some(short)) {
+                Some((_, long)) => long.into(),
+                None => a,
+            },
+        )
+        .collect()
+}
+
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
+    match run(Cli::parse_from(llama_style_args())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");

@@ -1,0 +1,89 @@
+//! `akunu profile`: time per op of the plan, for a prompt pass and for decode steps, summed
+//! over layers (all `blk.N.ffn_down` ops form one row).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use akunu_core::session::Logits;
+use anyhow::Result;
+
+use crate::engine::{self, EngineArgs};
+
+pub fn run(path: &Path, n_prompt: usize, n_gen: usize, args: &EngineArgs) -> Result<()> {
+    let mut loaded = engine::load(path, args, 1)?;
+    let n_vocab = loaded.model.config.n_vocab;
+    let labels = loaded.session.backend().op_labels().to_vec();
+    let tokens = engine::synthetic_tokens(&loaded.model, n_prompt + n_gen);
+    let (prompt, gen) = tokens.split_at(n_prompt);
+
+    let session = &mut loaded.session;
+    println!("{}", akunu_core::Backend::describe(session.backend()));
+    if n_prompt > 0 {
+        session.backend_mut().set_profiling(true);
+        let t = Instant::now();
+        session.eval(0, prompt, Logits::Last)?;
+        let total = t.elapsed();
+        let times = session.backend().op_times().unwrap_or_default().to_vec();
+        report(
+            &format!("prompt of {n_prompt} tokens"),
+            &labels,
+            &times,
+            total,
+            n_prompt,
+        );
+    }
+    if n_gen > 0 {
+        if n_prompt == 0 {
+            session.eval(0, &gen[..1], Logits::Last)?;
+        }
+        session.backend_mut().set_profiling(true);
+        let t = Instant::now();
+        for &tok in gen {
+            session.eval(0, &[tok % n_vocab as u32], Logits::Last)?;
+        }
+        let total = t.elapsed();
+        let times = session.backend().op_times().unwrap_or_default().to_vec();
+        report(
+            &format!("{n_gen} decode steps"),
+            &labels,
+            &times,
+            total,
+            n_gen,
+        );
+    }
+    Ok(())
+}
+
+fn report(title: &str, labels: &[String], times: &[Duration], total: Duration, tokens: usize) {
+    let mut rows: Vec<(String, Duration, usize)> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    for (label, &t) in labels.iter().zip(times) {
+        let key = match label.strip_prefix("blk.") {
+            Some(rest) => rest.split_once('.').map_or(rest, |(_, op)| op).to_string(),
+            None => label.clone(),
+        };
+        let i = *index.entry(key.clone()).or_insert_with(|| {
+            rows.push((key, Duration::ZERO, 0));
+            rows.len() - 1
+        });
+        rows[i].1 += t;
+        rows[i].2 += 1;
+    }
+    rows.sort_by_key(|r| std::cmp::Reverse(r.1));
+    let ops_total: Duration = times.iter().sum();
+    println!(
+        "\n{title}: {:.2} ms total, {:.1} t/s ({:.2} ms in ops)",
+        total.as_secs_f64() * 1e3,
+        tokens as f64 / total.as_secs_f64(),
+        ops_total.as_secs_f64() * 1e3
+    );
+    println!("| op | count | ms | % |\n|---|---|---|---|");
+    for (name, t, count) in rows {
+        println!(
+            "| {name} | {count} | {:.3} | {:.1} |",
+            t.as_secs_f64() * 1e3,
+            100.0 * t.as_secs_f64() / ops_total.as_secs_f64().max(1e-12)
+        );
+    }
+}
