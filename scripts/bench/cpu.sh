@@ -22,7 +22,8 @@ py=${AKUNU_PYTHON:-$PWD/.venv/bin/python}
 [ -x "$py" ] || { echo "missing $py: run scripts/test.sh once (it makes the venv)" >&2; exit 1; }
 
 cargo build --release --quiet -p akunu-cli
-model=${1:-${AKUNU_MODEL:-$(target/release/akunu pull -q)}}
+akunu=${CARGO_TARGET_DIR:-$PWD/target}/release/akunu
+model=${1:-${AKUNU_MODEL:-$("$akunu" pull -q)}}
 # Physical cores: distinct (core, socket) pairs; nproc where lscpu cannot say.
 cores=$(lscpu -p=Core,Socket 2>/dev/null | grep -v '^#' | sort -u | wc -l)
 [ "$cores" -gt 0 ] || cores=$(nproc)
@@ -36,7 +37,7 @@ echo "llama-bench ${args[*]}" >&2
     { cat "$tmp/llama.err" >&2; exit 1; }
 echo "akunu bench ${args[*]}" >&2
 akunu_ok=1
-target/release/akunu bench "${args[@]}" >"$tmp/akunu.json" 2>"$tmp/akunu.err" ||
+"$akunu" bench "${args[@]}" >"$tmp/akunu.json" 2>"$tmp/akunu.err" ||
     { akunu_ok=0; echo "akunu bench failed:" >&2; tail -n 20 "$tmp/akunu.err" >&2; }
 
 "$py" - "$tmp/llama.json" "$tmp/akunu.json" "$model" "$threads" <<'PY'
