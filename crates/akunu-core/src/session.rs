@@ -108,13 +108,12 @@ impl<B: Backend> Session<B> {
         let n_chunks = tokens.len().div_ceil(chunk);
         for (i, part) in tokens.chunks(chunk).enumerate() {
             let want_last = logits == Logits::Last && i + 1 == n_chunks;
-            self.run(slot, part, |n| {
-                if want_last {
-                    vec![n as u32 - 1]
-                } else {
-                    vec![]
-                }
-            })?;
+            let outputs = if want_last {
+                part.len() - 1..part.len()
+            } else {
+                0..0
+            };
+            self.run(slot, part, outputs)?;
         }
         if logits == Logits::Last {
             self.last_output()
@@ -138,7 +137,7 @@ impl<B: Backend> Session<B> {
         let n_vocab = self.n_vocab;
         let mut done = 0;
         for part in tokens.chunks(chunk) {
-            self.run(slot, part, |n| (0..n as u32).collect())?;
+            self.run(slot, part, 0..part.len())?;
             let out = self.last_output()?;
             for (j, row) in out.chunks_exact(n_vocab).enumerate() {
                 each(done + j, row);
@@ -181,11 +180,13 @@ impl<B: Backend> Session<B> {
         self.last_output()
     }
 
+    /// One pass of `part` appended to the slot, with logits for the rows in `outputs`. The
+    /// batch buffers are reused, so a decode step allocates nothing here.
     fn run(
         &mut self,
         slot: usize,
         part: &[u32],
-        outputs: impl FnOnce(usize) -> Vec<u32>,
+        outputs: std::ops::Range<usize>,
     ) -> Result<(), EngineError> {
         let start = self.history[slot].len() as u32;
         self.tokens.clear();
@@ -194,7 +195,9 @@ impl<B: Backend> Session<B> {
         self.positions.extend(start..start + part.len() as u32);
         self.slot_ids.clear();
         self.slot_ids.resize(part.len(), slot as u32);
-        self.outputs = outputs(part.len());
+        self.outputs.clear();
+        self.outputs
+            .extend(outputs.start as u32..outputs.end as u32);
         self.forward()?;
         self.history[slot].extend_from_slice(part);
         Ok(())
