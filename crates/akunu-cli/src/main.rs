@@ -7,6 +7,7 @@ mod generate;
 mod inspect;
 mod perplexity;
 mod profile;
+mod serve;
 mod tokenize;
 
 use std::path::PathBuf;
@@ -138,6 +139,8 @@ enum Command {
     Perplexity(perplexity::PerplexityArgs),
     /// Prompt-processing and generation speed, as llama-bench measures and prints it.
     Bench(bench::BenchArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API, batching concurrent requests.
+    Serve(serve::ServeArgs),
     /// Time every op of the plan over a prompt pass and decode steps, summed over layers.
     Profile {
         #[command(flatten)]
@@ -306,6 +309,7 @@ fn run(cli: Cli) -> Result<()> {
         } => chat::run(&model.resolve()?, system, &engine, &gen),
         Command::Perplexity(args) => perplexity::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Serve(args) => serve::run(args),
         Command::Profile {
             model,
             n_prompt,
@@ -338,6 +342,7 @@ fn llama_style_args() -> Vec<std::ffi::OsString> {
         ("-ub", "--ubatch-size"),
         ("-pg", "--pg"),
         ("-oe", "--output-err"),
+        ("-np", "--parallel"),
     ];
     std::env::args_os()
         .map(

@@ -3,6 +3,7 @@
 
 pub mod arch;
 pub mod backend;
+pub mod batch;
 pub mod config;
 pub mod generate;
 pub mod model;
@@ -16,7 +17,7 @@ pub use backend::{Backend, Batch};
 pub use config::ModelConfig;
 pub use model::{Model, Weight, WeightId};
 pub use plan::{Buf, Op, Plan};
-pub use session::Session;
+pub use session::{Part, Session};
 
 /// Why a model could not be loaded.
 #[derive(Debug, thiserror::Error)]

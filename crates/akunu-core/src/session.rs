@@ -18,6 +18,15 @@ pub enum Logits {
     Last,
 }
 
+/// What one slot contributes to a [`Session::step`].
+#[derive(Clone, Copy, Debug)]
+pub struct Part<'a> {
+    pub slot: usize,
+    pub tokens: &'a [u32],
+    /// Return the logits after the last of `tokens`.
+    pub logits: bool,
+}
+
 pub struct Session<B: Backend> {
     backend: B,
     n_vocab: usize,
@@ -150,32 +159,62 @@ impl<B: Backend> Session<B> {
     /// One token for each of several slots in a single pass (batched decode). Returns the
     /// logits of each, in the order given.
     pub fn decode_many(&mut self, steps: &[(usize, u32)]) -> Result<&[f32], EngineError> {
-        if steps.is_empty() || steps.len() > self.backend.max_batch() {
+        let parts: Vec<Part> = steps
+            .iter()
+            .map(|(slot, tok)| Part {
+                slot: *slot,
+                tokens: std::slice::from_ref(tok),
+                logits: true,
+            })
+            .collect();
+        self.step(&parts)
+    }
+
+    /// One mixed pass: each part appends its tokens to its slot (a decode token of one
+    /// sequence beside a prompt chunk of another, as continuous batching needs). Returns the
+    /// logits after the last token of every part that asks for them, in the order given.
+    /// Every part is checked before any work, so a refused step changes nothing.
+    pub fn step(&mut self, parts: &[Part]) -> Result<&[f32], EngineError> {
+        let total: usize = parts.iter().map(|p| p.tokens.len()).sum();
+        if parts.is_empty() || total == 0 || total > self.backend.max_batch() {
             return Err(EngineError::BadBatch(format!(
-                "{} steps (1..={} per pass)",
-                steps.len(),
+                "{total} tokens in {} parts (1..={} tokens per pass)",
+                parts.len(),
                 self.backend.max_batch()
             )));
         }
-        for (i, &(slot, tok)) in steps.iter().enumerate() {
-            self.check_append(slot, &[tok])?;
-            if steps[..i].iter().any(|&(s, _)| s == slot) {
-                return Err(EngineError::BadBatch(format!("slot {slot} appears twice")));
+        for (i, part) in parts.iter().enumerate() {
+            self.check_append(part.slot, part.tokens)?;
+            if part.tokens.is_empty() {
+                return Err(EngineError::BadBatch(format!(
+                    "slot {}: no tokens to evaluate",
+                    part.slot
+                )));
+            }
+            if parts[..i].iter().any(|p| p.slot == part.slot) {
+                return Err(EngineError::BadBatch(format!(
+                    "slot {} appears twice",
+                    part.slot
+                )));
             }
         }
         self.tokens.clear();
         self.positions.clear();
         self.slot_ids.clear();
         self.outputs.clear();
-        for (i, &(slot, tok)) in steps.iter().enumerate() {
-            self.tokens.push(tok);
-            self.positions.push(self.history[slot].len() as u32);
-            self.slot_ids.push(slot as u32);
-            self.outputs.push(i as u32);
+        for part in parts {
+            let start = self.history[part.slot].len() as u32;
+            self.tokens.extend_from_slice(part.tokens);
+            self.positions
+                .extend(start..start + part.tokens.len() as u32);
+            self.slot_ids.resize(self.tokens.len(), part.slot as u32);
+            if part.logits {
+                self.outputs.push(self.tokens.len() as u32 - 1);
+            }
         }
         self.forward()?;
-        for &(slot, tok) in steps {
-            self.history[slot].push(tok);
+        for part in parts {
+            self.history[part.slot].extend_from_slice(part.tokens);
         }
         self.last_output()
     }
