@@ -9,7 +9,9 @@
 #      reference data, which needs its vocabulary, and the engine reference data (llama.cpp's
 #      logits on small synthetic models of every supported family, greedy continuations,
 #      teacher-forced top-1 and perplexity on the default model),
-#   5. runs `cargo test --workspace --release` with all of it required.
+#   5. runs `cargo test --workspace --release` with all of it required,
+#   6. runs the server tests (scripts/server: the `openai` client, malformed and hostile
+#      requests, concurrent clients, the chat page in headless Chromium).
 # Extra arguments go to `cargo test`. Environment: AKUNU_VENV, AKUNU_REFDATA, AKUNU_CACHE.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,3 +59,6 @@ step "engine reference data"
 step "cargo test"
 export AKUNU_REFDATA=$refdata AKUNU_MODEL=$model AKUNU_PYTHON=$py AKUNU_REQUIRE_REFDATA=1
 cargo test --workspace --release "$@"
+
+step "server: the openai client, errors, concurrency, the chat page in Chromium"
+AKUNU_VENV=$venv AKUNU_BIN=$root/target/release/akunu AKUNU_MODEL=$model scripts/server/test.sh
