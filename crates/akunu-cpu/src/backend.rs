@@ -7,6 +7,12 @@
 //! quantize their input rows once per buffer (reused by q/k/v and gate/up, which read the same
 //! rows) and split output rows over the pool; row-wise ops run in parallel when the batch is
 //! large enough to pay for it; attention runs one (token, head) pair per task.
+//!
+//! A token's arithmetic does not depend on what else is in the pass: products are batch
+//! invariant (see [`crate::quant`]), row-wise ops work on each row alone, and attention reads
+//! only the token's query and its own slot's cache. So a sequence gets the same logits, to the
+//! bit, alone or batched with other slots' decode tokens and prompt chunks, and whatever the
+//! prompt's split into passes.
 
 use std::sync::Arc;
 

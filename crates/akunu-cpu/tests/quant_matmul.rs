@@ -210,6 +210,86 @@ fn every_type_matches_reference_at_every_level() {
     }
 }
 
+/// Batch sizes around every kernel boundary: the small-batch row kernels (up to 5 tokens), the
+/// panel product's token tiles (4 tokens with AVX2, 8 with AVX-512) and their tails.
+const BATCH_MS: [usize; 12] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33];
+
+/// A server batches many users' tokens into one product: each token's output must be exactly what
+/// it gets alone, whatever the batch size, its place in the batch and the thread count. Rows that
+/// are not a whole number of panels (16) or row steps (8) check the tails.
+#[test]
+fn every_token_gets_the_same_bits_in_any_batch() {
+    let mut rng = StdRng::seed_from_u64(0xba7c);
+    let n_tok = *BATCH_MS.last().unwrap();
+    let pools: Vec<rayon::ThreadPool> = [1, 3]
+        .iter()
+        .map(|&n| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    for ty in TYPES {
+        let b = ty.block_size().max(32);
+        for (rows, cols) in [(5, b), (37, 3 * b), (19, 8 * b)] {
+            for raw in [false, true] {
+                if raw && !ty.is_quantized() {
+                    continue;
+                }
+                let wb = weights(ty, rows, cols, raw, &mut rng);
+                let w = WeightMatrix::new(ty, &wb, rows, cols).unwrap();
+                let x: Vec<f32> = (0..n_tok)
+                    .flat_map(|t| {
+                        let scale = 10f32.powi(t as i32 % 5 - 2);
+                        (0..cols)
+                            .map(|_| varied(&mut rng) * scale)
+                            .collect::<Vec<_>>()
+                    })
+                    .collect();
+                for level in SimdLevel::available() {
+                    let mut act = Activations::new();
+                    let mut alone = vec![0u32; n_tok * rows];
+                    let mut out = vec![0f32; rows];
+                    for t in 0..n_tok {
+                        act.quantize_for(ty, &x[t * cols..(t + 1) * cols], 1, cols);
+                        matmul_with(level, &w, &act, &mut out, rows).unwrap();
+                        for (a, v) in alone[t * rows..(t + 1) * rows].iter_mut().zip(&out) {
+                            *a = v.to_bits();
+                        }
+                    }
+                    for (i, &m) in BATCH_MS.iter().enumerate() {
+                        // The batch starts at token `first` and wraps around.
+                        for (j, first) in [0, 11, 29].into_iter().enumerate() {
+                            let order: Vec<usize> = (0..m).map(|p| (first + p) % n_tok).collect();
+                            let xs: Vec<f32> = order
+                                .iter()
+                                .flat_map(|&t| x[t * cols..(t + 1) * cols].iter().copied())
+                                .collect();
+                            act.quantize_for(ty, &xs, m, cols);
+                            let mut out = vec![f32::NAN; m * rows];
+                            pools[(i + j) % 2]
+                                .install(|| matmul_with(level, &w, &act, &mut out, rows))
+                                .unwrap();
+                            for (p, &t) in order.iter().enumerate() {
+                                for r in 0..rows {
+                                    let (got, want) = (out[p * rows + r], alone[t * rows + r]);
+                                    assert!(
+                                        got.to_bits() == want,
+                                        "{ty} {rows}x{cols} raw={raw} {level} m={m}: token {t} at \
+                                         {p}, row {r}: {got:e} in the batch, {:e} alone",
+                                        f32::from_bits(want)
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn zero_rows_and_tokens_are_no_ops() {
     let bytes = vec![0u8; 0];

@@ -4,7 +4,8 @@
 //! `quantize_row_q8_0` (`id = 127/amax`, round half to even, the `f16`-rounded scale used in the
 //! dot product) and Q8_K as `quantize_row_q8_K_ref` (the signed extreme maps to −127, `f32`
 //! scale). Per group of 16 or 32 levels the scale `sx`, the level sum `Σq` and `s = sx·Σq` are
-//! kept for the offset and min corrections of [`super::decode`].
+//! kept for the offset and min corrections of [`super::decode`]. Each row is quantized on its
+//! own, so a token's levels do not depend on the other rows of the batch.
 
 use akunu_quant::{blocks::F16Le, GgmlType};
 use rayon::prelude::*;

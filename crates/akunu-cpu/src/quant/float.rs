@@ -1,6 +1,7 @@
 //! F32, F16 and BF16 weights against `f32` activations: each row is widened to `f32` once and
 //! dotted with every token. Plain Rust with independent lanes, which the compiler vectorizes;
-//! these types are rare in quantized models, so they share one kernel at every level.
+//! these types are rare in quantized models, so they share one kernel at every level. Each
+//! token's dot is the same code on the same values whatever the batch, hence the same bits.
 
 use akunu_quant::GgmlType;
 use half::{bf16, f16};

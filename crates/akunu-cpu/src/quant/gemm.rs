@@ -2,26 +2,34 @@
 //! 32-bit word (four levels) at a time.
 //!
 //! Panel layout (k = row length, G = group):
-//! - `q`: (k/4, 16 rows, 4 levels): word `(j, i)` holds levels `4j..4j+4` of row `i`, so one
-//!   64-byte load feeds 16 rows to `vpdpbusd` (or two 8-row halves to `vpmaddubsw`).
+//! - `q`: per 32-element chunk (8 words, 16 rows, 4 levels), chunks [`CHUNK_STRIDE`] bytes
+//!   apart: word `(j, i)` of a chunk holds its levels `4j..4j+4` of row `i`, so one 64-byte load
+//!   feeds 16 rows to `vpdpbusd` (or two 8-row halves to `vpmaddubsw`).
 //! - `sw`, `mw`: (k/G, 16 rows) `f32`, the per-group decode of [`Format`].
 //!
 //! A tile of 16 rows × T tokens sums levels in `i32` per group, then adds
 //! `(cvt(Σq·x) − OFF·Σx)·sw·sx + mw·s` to `f32` accumulators (the difference is of integers below
-//! 2²⁴, so exact), and nothing is reduced horizontally. Rows past the end of the matrix are zero
-//! in the last panel and not written.
+//! 2²⁴, so exact), and nothing is reduced horizontally. The groups go in the order of
+//! [`super`]: the chunks of accumulator 0 (chunks 0, 8, 16, …), then those of accumulator 1,
+//! and so on, each accumulator with one lane per row and added to the total as it is done.
+//! A token's lanes never mix with another's, so tiles of any size give the same bits. Rows past
+//! the end of the matrix are zero in the last panel and not written.
 
 use std::arch::x86_64::*;
 
 use rayon::prelude::*;
 
 use super::decode::Format;
-use super::{Activations, Out, SimdLevel, WeightMatrix};
+use super::fused::{fifth_bits_32, nibbles_32};
+use super::{Activations, Out, SimdLevel, WeightMatrix, SLOTS};
 
 /// Rows per panel.
 const NR: usize = 16;
-/// Tokens per tile with AVX-512: 8 `i32` and 8 `f32` accumulators, a weight register and two
-/// scale registers fit the 32 registers.
+/// Bytes from one 32-element chunk of a panel to the next: its 512 bytes and a line of padding,
+/// so that the chunks of one accumulator (every eighth) do not all fall in the same L1 sets.
+const CHUNK_STRIDE: usize = 32 * NR + 64;
+/// Tokens per tile with AVX-512: 8 `i32` accumulators, 8 `f32` ones and 8 totals, a weight
+/// register and two scale registers fit the 32 registers.
 const NT_512: usize = 8;
 /// Tokens per tile with AVX2 (16 registers), over one 8-row half of the panel at a time.
 const NT_256: usize = 4;
@@ -39,8 +47,8 @@ impl Panel {
     #[inline(always)]
     fn pack<F: Format>(&mut self, w: &WeightMatrix, r0: usize) {
         let k = w.cols();
-        let (nq, ng, per) = (k / 4, k / F::GROUP, F::BLOCK / F::GROUP);
-        self.q.resize(nq * 4 * NR, 0);
+        let (nc, ng, per) = (k / 32, k / F::GROUP, F::BLOCK / F::GROUP);
+        self.q.resize(nc * CHUNK_STRIDE, 0);
         self.sw.resize(ng * NR, 0.0);
         self.mw.resize(ng * NR, 0.0);
         let mut q = [0u8; 256];
@@ -48,8 +56,10 @@ impl Panel {
         for i in 0..NR {
             let r = r0 + i;
             if r >= w.rows() {
-                for word in self.q.chunks_exact_mut(4).skip(i).step_by(NR) {
-                    word.fill(0);
+                for chunk in self.q.chunks_exact_mut(CHUNK_STRIDE) {
+                    for word in chunk[..32 * NR].chunks_exact_mut(4 * NR) {
+                        word[4 * i..4 * i + 4].fill(0);
+                    }
                 }
                 for g in 0..ng {
                     self.sw[g * NR + i] = 0.0;
@@ -64,12 +74,12 @@ impl Panel {
                 } else {
                     F::decode(block, &mut q, &mut sw, &mut mw);
                 }
-                let words = &mut self.q[b * F::BLOCK * NR..(b + 1) * F::BLOCK * NR];
-                for (dst, src) in words
-                    .chunks_exact_mut(4 * NR)
-                    .zip(q[..F::BLOCK].chunks_exact(4))
-                {
-                    dst[4 * i..4 * i + 4].copy_from_slice(src);
+                for (cb, levels) in q[..F::BLOCK].chunks_exact(32).enumerate() {
+                    let at = (b * F::BLOCK / 32 + cb) * CHUNK_STRIDE;
+                    let words = &mut self.q[at..at + 32 * NR];
+                    for (dst, src) in words.chunks_exact_mut(4 * NR).zip(levels.chunks_exact(4)) {
+                        dst[4 * i..4 * i + 4].copy_from_slice(src);
+                    }
                 }
                 for g in 0..per {
                     self.sw[(b * per + g) * NR + i] = sw[g];
@@ -94,30 +104,8 @@ unsafe fn legacy_avx2<F: Format>(block: &[u8], q: &mut [u8; 256]) -> (f32, f32) 
         let bits = p.add(at).cast::<u16>().read_unaligned();
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
     };
-    let nibbles = |at: usize| {
-        let b = _mm_loadu_si128(p.add(at).cast());
-        let m4 = _mm_set1_epi8(0x0F);
-        _mm256_set_m128i(
-            _mm_and_si128(_mm_srli_epi16(b, 4), m4),
-            _mm_and_si128(b, m4),
-        )
-    };
-    // 16 where bit `j` of the `u32` at `at` is set (see `fused::q5_0_256`).
-    let fifth = |at: usize| {
-        let qh = p.add(at).cast::<i32>().read_unaligned();
-        let spread = _mm256_setr_epi8(
-            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3,
-            3, 3, 3,
-        );
-        let bits = _mm256_or_si256(
-            _mm256_shuffle_epi8(_mm256_set1_epi32(qh), spread),
-            _mm256_set1_epi64x(0x7FBF_DFEF_F7FB_FDFE),
-        );
-        _mm256_and_si256(
-            _mm256_cmpeq_epi8(bits, _mm256_set1_epi8(-1)),
-            _mm256_set1_epi8(16),
-        )
-    };
+    let nibbles = |at: usize| nibbles_32(p.add(at));
+    let fifth = |at: usize| fifth_bits_32(p.add(at));
     let (levels, sw, mw) = match F::TY {
         T::Q4_0 => (nibbles(2), half(0), 0.0),
         T::Q4_1 => (nibbles(4), half(0), half(2)),
@@ -215,41 +203,59 @@ unsafe fn tile_512<F: Format, const T: usize>(
 ) {
     let k = x.k;
     let (ng, gw) = (k / F::GROUP, F::GROUP / 4);
-    let xq: [*const u8; T] = std::array::from_fn(|t| x.q[(t0 + t) * k..].as_ptr().cast());
-    let sx: [&[f32]; T] = std::array::from_fn(|t| &x.sx[(t0 + t) * ng..(t0 + t + 1) * ng]);
-    let s: [&[f32]; T] = std::array::from_fn(|t| &x.s[(t0 + t) * ng..(t0 + t + 1) * ng]);
-    let xsum: [&[f32]; T] = std::array::from_fn(|t| &x.xsum[(t0 + t) * ng..(t0 + t + 1) * ng]);
+    assert!(x.q.len() >= (t0 + T) * k && x.sx.len() >= (t0 + T) * ng);
+    assert!(x.xsum.len() >= (t0 + T) * ng && x.s.len() >= (t0 + T) * ng);
+    assert!(p.q.len() >= k / 32 * CHUNK_STRIDE && p.sw.len() >= ng * NR && p.mw.len() >= ng * NR);
+    // Raw pointers: slices would take twice the general registers, which the tile runs short of.
+    let xq: [*const u8; T] = std::array::from_fn(|t| x.q.as_ptr().add((t0 + t) * k).cast());
+    let sx: [*const f32; T] = std::array::from_fn(|t| x.sx.as_ptr().add((t0 + t) * ng));
+    let s: [*const f32; T] = std::array::from_fn(|t| x.s.as_ptr().add((t0 + t) * ng));
+    let xsum: [*const f32; T] = std::array::from_fn(|t| x.xsum.as_ptr().add((t0 + t) * ng));
     let qp = p.q.as_ptr();
     let off = _mm512_set1_ps(f32::from(F::OFF));
-    let mut accf = [_mm512_setzero_ps(); T];
-    for g in 0..ng {
-        let mut acci = [_mm512_setzero_si512(); T];
-        for j in 0..gw {
-            let w = _mm512_loadu_si512(qp.add((g * gw + j) * 4 * NR).cast());
-            for t in 0..T {
-                let word = xq[t]
-                    .add(g * F::GROUP + 4 * j)
-                    .cast::<i32>()
-                    .read_unaligned();
-                acci[t] = _mm512_dpbusd_epi32(acci[t], w, _mm512_set1_epi32(word));
+    let mut total = [_mm512_setzero_ps(); T];
+    let (nc, per) = (k / 32, 32 / F::GROUP);
+    for slot in 0..SLOTS {
+        let mut accf = [_mm512_setzero_ps(); T];
+        for c in (slot..nc).step_by(SLOTS) {
+            for g in c * per..(c + 1) * per {
+                let mut acci = [_mm512_setzero_si512(); T];
+                let words = qp.add(c * CHUNK_STRIDE + (g - c * per) * gw * 4 * NR);
+                for j in 0..gw {
+                    let w = _mm512_loadu_si512(words.add(j * 4 * NR).cast());
+                    for t in 0..T {
+                        let word = xq[t]
+                            .add(g * F::GROUP + 4 * j)
+                            .cast::<i32>()
+                            .read_unaligned();
+                        acci[t] = _mm512_dpbusd_epi32(acci[t], w, _mm512_set1_epi32(word));
+                    }
+                }
+                let swv = _mm512_loadu_ps(p.sw.as_ptr().add(g * NR));
+                let mwv = _mm512_loadu_ps(p.mw.as_ptr().add(g * NR));
+                for t in 0..T {
+                    let mut dot = _mm512_cvtepi32_ps(acci[t]);
+                    if F::OFF != 0 {
+                        dot = _mm512_fnmadd_ps(off, _mm512_set1_ps(*xsum[t].add(g)), dot);
+                    }
+                    let scale = _mm512_mul_ps(swv, _mm512_set1_ps(*sx[t].add(g)));
+                    accf[t] = _mm512_fmadd_ps(dot, scale, accf[t]);
+                    if F::HAS_MIN {
+                        accf[t] = _mm512_fmadd_ps(mwv, _mm512_set1_ps(*s[t].add(g)), accf[t]);
+                    }
+                }
             }
         }
-        let swv = _mm512_loadu_ps(p.sw[g * NR..].as_ptr());
-        let mwv = _mm512_loadu_ps(p.mw[g * NR..].as_ptr());
-        for t in 0..T {
-            let mut dot = _mm512_cvtepi32_ps(acci[t]);
-            if F::OFF != 0 {
-                dot = _mm512_fnmadd_ps(off, _mm512_set1_ps(xsum[t][g]), dot);
-            }
-            let scale = _mm512_mul_ps(swv, _mm512_set1_ps(sx[t][g]));
-            accf[t] = _mm512_fmadd_ps(dot, scale, accf[t]);
-            if F::HAS_MIN {
-                accf[t] = _mm512_fmadd_ps(mwv, _mm512_set1_ps(s[t][g]), accf[t]);
-            }
+        for (total, accf) in total.iter_mut().zip(accf) {
+            *total = if slot == 0 {
+                accf
+            } else {
+                _mm512_add_ps(*total, accf)
+            };
         }
     }
-    for t in 0..T {
-        _mm512_storeu_ps(tile[t].as_mut_ptr(), accf[t]);
+    for (tile, total) in tile.iter_mut().zip(total) {
+        _mm512_storeu_ps(tile.as_mut_ptr(), total);
     }
 }
 
@@ -295,53 +301,71 @@ unsafe fn tile_256<F: Format, const T: usize>(
 ) {
     let k = x.k;
     let (ng, gw) = (k / F::GROUP, F::GROUP / 4);
-    let xq: [*const u8; T] = std::array::from_fn(|t| x.q[(t0 + t) * k..].as_ptr().cast());
-    let sx: [&[f32]; T] = std::array::from_fn(|t| &x.sx[(t0 + t) * ng..(t0 + t + 1) * ng]);
-    let s: [&[f32]; T] = std::array::from_fn(|t| &x.s[(t0 + t) * ng..(t0 + t + 1) * ng]);
-    let xsum: [&[f32]; T] = std::array::from_fn(|t| &x.xsum[(t0 + t) * ng..(t0 + t + 1) * ng]);
+    assert!(x.q.len() >= (t0 + T) * k && x.sx.len() >= (t0 + T) * ng);
+    assert!(x.xsum.len() >= (t0 + T) * ng && x.s.len() >= (t0 + T) * ng);
+    assert!(p.q.len() >= k / 32 * CHUNK_STRIDE && p.sw.len() >= ng * NR && p.mw.len() >= ng * NR);
+    // Raw pointers: slices would take twice the general registers, which the tile runs short of.
+    let xq: [*const u8; T] = std::array::from_fn(|t| x.q.as_ptr().add((t0 + t) * k).cast());
+    let sx: [*const f32; T] = std::array::from_fn(|t| x.sx.as_ptr().add((t0 + t) * ng));
+    let s: [*const f32; T] = std::array::from_fn(|t| x.s.as_ptr().add((t0 + t) * ng));
+    let xsum: [*const f32; T] = std::array::from_fn(|t| x.xsum.as_ptr().add((t0 + t) * ng));
     let qp = p.q.as_ptr().add(32 * half);
     let off = _mm256_set1_ps(f32::from(F::OFF));
     let ones = _mm256_set1_epi16(1);
     let flip = _mm256_set1_epi8(-128);
-    let mut accf = [_mm256_setzero_ps(); T];
-    for g in 0..ng {
-        let mut acci = [_mm256_setzero_si256(); T];
-        for j in 0..gw {
-            let w = _mm256_loadu_si256(qp.add((g * gw + j) * 4 * NR).cast());
-            let (wa, ws) = if F::WIDE {
-                let ws = _mm256_xor_si256(w, flip);
-                (_mm256_abs_epi8(ws), ws)
-            } else {
-                (w, w)
-            };
-            for t in 0..T {
-                let word = xq[t]
-                    .add(g * F::GROUP + 4 * j)
-                    .cast::<i32>()
-                    .read_unaligned();
-                let mut xb = _mm256_set1_epi32(word);
-                if F::WIDE {
-                    xb = _mm256_sign_epi8(xb, ws);
+    let mut total = [_mm256_setzero_ps(); T];
+    let (nc, per) = (k / 32, 32 / F::GROUP);
+    for slot in 0..SLOTS {
+        let mut accf = [_mm256_setzero_ps(); T];
+        for c in (slot..nc).step_by(SLOTS) {
+            for g in c * per..(c + 1) * per {
+                let mut acci = [_mm256_setzero_si256(); T];
+                let words = qp.add(c * CHUNK_STRIDE + (g - c * per) * gw * 4 * NR);
+                for j in 0..gw {
+                    let w = _mm256_loadu_si256(words.add(j * 4 * NR).cast());
+                    let (wa, ws) = if F::WIDE {
+                        let ws = _mm256_xor_si256(w, flip);
+                        (_mm256_abs_epi8(ws), ws)
+                    } else {
+                        (w, w)
+                    };
+                    for t in 0..T {
+                        let word = xq[t]
+                            .add(g * F::GROUP + 4 * j)
+                            .cast::<i32>()
+                            .read_unaligned();
+                        let mut xb = _mm256_set1_epi32(word);
+                        if F::WIDE {
+                            xb = _mm256_sign_epi8(xb, ws);
+                        }
+                        let pairs = _mm256_maddubs_epi16(wa, xb);
+                        acci[t] = _mm256_add_epi32(acci[t], _mm256_madd_epi16(pairs, ones));
+                    }
                 }
-                let pairs = _mm256_maddubs_epi16(wa, xb);
-                acci[t] = _mm256_add_epi32(acci[t], _mm256_madd_epi16(pairs, ones));
+                let swv = _mm256_loadu_ps(p.sw.as_ptr().add(g * NR + 8 * half));
+                let mwv = _mm256_loadu_ps(p.mw.as_ptr().add(g * NR + 8 * half));
+                for t in 0..T {
+                    let mut dot = _mm256_cvtepi32_ps(acci[t]);
+                    if F::OFF != 0 && !F::WIDE {
+                        dot = _mm256_fnmadd_ps(off, _mm256_set1_ps(*xsum[t].add(g)), dot);
+                    }
+                    let scale = _mm256_mul_ps(swv, _mm256_set1_ps(*sx[t].add(g)));
+                    accf[t] = _mm256_fmadd_ps(dot, scale, accf[t]);
+                    if F::HAS_MIN {
+                        accf[t] = _mm256_fmadd_ps(mwv, _mm256_set1_ps(*s[t].add(g)), accf[t]);
+                    }
+                }
             }
         }
-        let swv = _mm256_loadu_ps(p.sw[g * NR + 8 * half..].as_ptr());
-        let mwv = _mm256_loadu_ps(p.mw[g * NR + 8 * half..].as_ptr());
-        for t in 0..T {
-            let mut dot = _mm256_cvtepi32_ps(acci[t]);
-            if F::OFF != 0 && !F::WIDE {
-                dot = _mm256_fnmadd_ps(off, _mm256_set1_ps(xsum[t][g]), dot);
-            }
-            let scale = _mm256_mul_ps(swv, _mm256_set1_ps(sx[t][g]));
-            accf[t] = _mm256_fmadd_ps(dot, scale, accf[t]);
-            if F::HAS_MIN {
-                accf[t] = _mm256_fmadd_ps(mwv, _mm256_set1_ps(s[t][g]), accf[t]);
-            }
+        for (total, accf) in total.iter_mut().zip(accf) {
+            *total = if slot == 0 {
+                accf
+            } else {
+                _mm256_add_ps(*total, accf)
+            };
         }
     }
-    for t in 0..T {
-        _mm256_storeu_ps(tile[t][8 * half..].as_mut_ptr(), accf[t]);
+    for (tile, total) in tile.iter_mut().zip(total) {
+        _mm256_storeu_ps(tile[8 * half..].as_mut_ptr(), total);
     }
 }

@@ -16,6 +16,27 @@
 //! - `portable`: decode a block once, dot it with every token; plain Rust for any target.
 //! - Work is split over the current rayon pool by panels or row chunks; every task writes its
 //!   own rows of `out`.
+//!
+//! Batch invariance: at a given [`SimdLevel`], the output of a (row, token) pair is the same to
+//! the bit whatever else is in the product (how many tokens, which, in which order) and however
+//! rows are split over threads, so that a server batching many users' tokens into one pass gives
+//! each the logits it would get alone. Every kernel of a level computes a pair by itself in one
+//! fixed order:
+//! - per group, the integer `Σ(q − OFF)·x`, exact (in `i32`, and in `f32` below 2²⁴), however a
+//!   kernel forms it;
+//! - x86 levels: group `g` of 32-element chunk `c` goes to accumulator `c mod 8` ([`SLOTS`]):
+//!   `acc = fma(Σ(q − OFF)·x, sw·sx, acc)`, then `acc = fma(mw, s, acc)` for the formats with a
+//!   min, in group order within an accumulator; the result is `a0 + a1 + … + a7`, added in
+//!   that order. `gemm` holds a row per lane and goes through the accumulators one after the
+//!   other; `fused` holds an accumulator per lane and reduces the products of eight chunks at a
+//!   time to one vector with exact integer additions.
+//!   The eight accumulators are what lets a row kernel stream: with one, each row would wait on
+//!   a chain of dependent multiply-adds;
+//! - portable: one accumulator in group order, `acc += sw·sx·Σ`, then `acc += mw·s`;
+//! - float weights: each row widened once, then the same lane-wise dot for every token.
+//!
+//! Activations are quantized row by row ([`Activations`]), so they do not depend on the batch
+//! either. Levels differ from each other in the last bits (fused multiply-adds or not).
 
 mod act;
 mod decode;
@@ -37,6 +58,11 @@ pub use simd::{simd_level, SimdLevel};
 
 use act::Prepared;
 use decode::{act_layout, with_format, Format};
+
+/// Accumulators per (row, token) in the x86 kernels: group sums go to accumulator
+/// `chunk mod 8` of their 32-element chunk, and the eight are added in order at the end (see
+/// the plan above).
+const SLOTS: usize = 8;
 
 /// Why a product was refused. Nothing is written to the output in that case.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

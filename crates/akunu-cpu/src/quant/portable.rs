@@ -1,5 +1,6 @@
 //! The portable kernel: each weight block is decoded once and dotted with every token, in plain
-//! Rust that the compiler vectorizes for whatever target it builds.
+//! Rust that the compiler vectorizes for whatever target it builds. Every token has its own
+//! accumulator, added to group after group, so its result does not depend on the batch.
 
 use rayon::prelude::*;
 
