@@ -262,13 +262,16 @@ impl<'t, B: Backend> Scheduler<'t, B> {
         self.drop_cancelled();
         self.admit();
         let mut stats = StepStats::default();
-        // (slot, tokens) of the pass; prompt tokens are copied so the parts can borrow them
-        // while the sequences are updated afterwards.
         let budget = self.session.backend().max_batch();
-        let mut plan: Vec<(usize, Vec<u32>, bool)> = Vec::with_capacity(self.order.len());
+        let mut parts: Vec<Part> = Vec::with_capacity(self.order.len());
         for &slot in &self.order {
-            if let Some(tok) = self.slots[slot].as_ref().and_then(|s| s.next) {
-                plan.push((slot, vec![tok], true));
+            let seq = self.slots[slot].as_ref().expect("ordered slots are busy");
+            if let Some(tok) = &seq.next {
+                parts.push(Part {
+                    slot,
+                    tokens: std::slice::from_ref(tok),
+                    logits: true,
+                });
                 stats.decode_tokens += 1;
             }
         }
@@ -280,52 +283,50 @@ impl<'t, B: Backend> Scheduler<'t, B> {
                 continue;
             }
             let n = left.min(room);
-            let chunk = seq.prompt[seq.prefilled..seq.prefilled + n].to_vec();
-            plan.push((slot, chunk, n == left));
+            parts.push(Part {
+                slot,
+                tokens: &seq.prompt[seq.prefilled..seq.prefilled + n],
+                logits: n == left,
+            });
             room -= n;
             stats.prompt_tokens += n;
         }
-        if plan.is_empty() {
+        if parts.is_empty() {
             return stats;
         }
-        let parts: Vec<Part> = plan
+        // (slot, token count, logits) of each part, for the updates after the pass.
+        let plan: Vec<(usize, usize, bool)> = parts
             .iter()
-            .map(|(slot, tokens, logits)| Part {
-                slot: *slot,
-                tokens,
-                logits: *logits,
-            })
+            .map(|p| (p.slot, p.tokens.len(), p.logits))
             .collect();
         let n_vocab = self.session.n_vocab();
         let n_ctx = self.session.n_ctx();
-        let held: Vec<usize> = (0..self.slots.len())
-            .map(|s| self.session.tokens(s).len())
-            .collect();
         let logits = match self.session.step(&parts) {
             Ok(logits) => logits,
             Err(e) => {
                 let why = format!("forward pass failed: {e}");
-                for (slot, _, _) in &plan {
-                    self.fail(*slot, &why);
+                for (slot, _, _) in plan {
+                    self.fail(slot, &why);
                 }
                 return StepStats::default();
             }
         };
         let mut rows = logits.chunks_exact(n_vocab);
         let mut ended = Vec::new();
-        for (slot, tokens, wants) in &plan {
-            let seq = self.slots[*slot].as_mut().expect("planned slots are busy");
+        for (slot, n, wants) in plan {
+            let seq = self.slots[slot].as_mut().expect("planned slots are busy");
             if seq.next.take().is_none() {
-                seq.prefilled += tokens.len();
+                seq.prefilled += n;
             }
-            if *wants {
+            if wants {
                 self.row
                     .copy_from_slice(rows.next().expect("one row per part that asked"));
-                let room = held[*slot] + tokens.len() < n_ctx;
+                // Every generated token is now in the cache, after the whole prompt.
+                let room = seq.prefilled + seq.generated < n_ctx;
                 if let Some(reason) =
                     seq.advance(&mut self.row, &mut self.raw, self.tokenizer, room)
                 {
-                    ended.push((*slot, reason));
+                    ended.push((slot, reason));
                 }
             }
         }

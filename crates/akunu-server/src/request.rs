@@ -247,7 +247,29 @@ fn prompt(f: &mut Fields) -> Result<Input, ApiError> {
     }
 }
 
-fn token_ids(ids: &[Value]) -> Option<Vec<u32>> {
+/// The field `key` of `body` as a string; absent and `null` give `None`.
+pub(crate) fn string_field<'a>(
+    body: &'a Map<String, Value>,
+    key: &str,
+) -> Result<Option<&'a str>, ApiError> {
+    match body.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(ApiError::param(key, format!("`{key}` must be a string"))),
+    }
+}
+
+/// The field `key` of `body` as a boolean; absent and `null` give `None`.
+pub(crate) fn bool_field(body: &Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError> {
+    match body.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(ApiError::param(key, format!("`{key}` must be a boolean"))),
+    }
+}
+
+/// Token ids that fit 32 bits, or `None` if any is not one.
+pub(crate) fn token_ids(ids: &[Value]) -> Option<Vec<u32>> {
     ids.iter()
         .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
         .collect()
@@ -300,19 +322,13 @@ impl<'a> Fields<'a> {
     }
 
     fn string(&mut self, key: &'a str) -> Result<Option<String>, ApiError> {
-        match self.take(key) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(ApiError::param(key, format!("`{key}` must be a string"))),
-        }
+        self.used.insert(key);
+        Ok(string_field(self.map, key)?.map(str::to_string))
     }
 
     fn bool(&mut self, key: &'a str) -> Result<Option<bool>, ApiError> {
-        match self.take(key) {
-            None => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(_) => Err(ApiError::param(key, format!("`{key}` must be a boolean"))),
-        }
+        self.used.insert(key);
+        bool_field(self.map, key)
     }
 
     fn uint(&mut self, key: &'a str) -> Result<Option<usize>, ApiError> {

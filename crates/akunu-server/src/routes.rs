@@ -29,7 +29,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
 use crate::registry::LoadedModel;
-use crate::request::{self, Endpoint, GenRequest, Input};
+use crate::request::{self, bool_field, string_field, Endpoint, GenRequest, Input};
 use crate::AppState;
 
 const PAGE: &str = include_str!("page.html");
@@ -209,32 +209,29 @@ async fn read_json(body: Body, limit: usize) -> Result<Value, ApiError> {
         .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}")))
 }
 
-fn field_str<'a>(body: &'a Value, key: &str) -> Result<Option<&'a str>, ApiError> {
-    match body.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s)),
-        Some(_) => Err(ApiError::param(key, format!("`{key}` must be a string"))),
-    }
+/// The request body as a JSON object.
+fn object(body: &Value) -> Result<&serde_json::Map<String, Value>, ApiError> {
+    body.as_object()
+        .ok_or_else(|| ApiError::invalid("the request body must be a JSON object"))
 }
 
-fn field_bool(body: &Value, key: &str, default: bool) -> Result<bool, ApiError> {
-    match body.get(key) {
-        None | Some(Value::Null) => Ok(default),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(ApiError::param(key, format!("`{key}` must be a boolean"))),
+fn model_management(st: &AppState) -> Result<(), ApiError> {
+    if st.config.model_management {
+        Ok(())
+    } else {
+        Err(ApiError::not_found(
+            "model management is turned off on this server",
+        ))
     }
 }
 
 async fn load(State(st): St, body: Body) -> Result<Json<Value>, ApiError> {
-    if !st.config.model_management {
-        return Err(ApiError::not_found(
-            "model management is turned off on this server",
-        ));
-    }
+    model_management(&st)?;
     let body = read_json(body, st.config.max_body).await?;
-    let path = field_str(&body, "model")?
+    let body = object(&body)?;
+    let path = string_field(body, "model")?
         .ok_or_else(|| ApiError::param("model", "`model` (a path on the server) is missing"))?;
-    let id = field_str(&body, "id")?.map(str::to_string);
+    let id = string_field(body, "id")?.map(str::to_string);
     let path = std::path::PathBuf::from(path);
     let worker = st.clone();
     let loaded = tokio::task::spawn_blocking(move || worker.registry.load(&path, id))
@@ -245,13 +242,9 @@ async fn load(State(st): St, body: Body) -> Result<Json<Value>, ApiError> {
 }
 
 async fn unload(State(st): St, body: Body) -> Result<Json<Value>, ApiError> {
-    if !st.config.model_management {
-        return Err(ApiError::not_found(
-            "model management is turned off on this server",
-        ));
-    }
+    model_management(&st)?;
     let body = read_json(body, st.config.max_body).await?;
-    let id = field_str(&body, "model")?
+    let id = string_field(object(&body)?, "model")?
         .ok_or_else(|| ApiError::param("model", "`model` (an id) is missing"))?
         .to_string();
     let worker = st.clone();
@@ -265,18 +258,19 @@ async fn unload(State(st): St, body: Body) -> Result<Json<Value>, ApiError> {
 
 async fn tokenize(State(st): St, body: Body) -> Result<Json<Value>, ApiError> {
     let body = read_json(body, st.config.max_body).await?;
-    let m = st.registry.resolve(field_str(&body, "model")?)?;
-    let content = field_str(&body, "content")?
+    let body = object(&body)?;
+    let m = st.registry.resolve(string_field(body, "model")?)?;
+    let content = string_field(body, "content")?
         .ok_or_else(|| ApiError::param("content", "`content` (the text) is missing"))?;
     let tok = &m.model.tokenizer;
     let ids = tok.encode(
         content,
         EncodeOptions {
-            add_special: field_bool(&body, "add_special", true)?,
-            parse_special: field_bool(&body, "parse_special", true)?,
+            add_special: bool_field(body, "add_special")?.unwrap_or(true),
+            parse_special: bool_field(body, "parse_special")?.unwrap_or(true),
         },
     );
-    if field_bool(&body, "with_pieces", false)? {
+    if bool_field(body, "with_pieces")?.unwrap_or(false) {
         let pieces: Vec<Value> = ids
             .iter()
             .map(|&id| json!({"id": id, "piece": piece_text(tok, id)}))
@@ -288,19 +282,14 @@ async fn tokenize(State(st): St, body: Body) -> Result<Json<Value>, ApiError> {
 
 async fn detokenize(State(st): St, body: Body) -> Result<Json<Value>, ApiError> {
     let body = read_json(body, st.config.max_body).await?;
-    let m = st.registry.resolve(field_str(&body, "model")?)?;
+    let body = object(&body)?;
+    let m = st.registry.resolve(string_field(body, "model")?)?;
     let bad = || ApiError::param("tokens", "`tokens` must be an array of token ids");
-    let ids: Vec<u32> = body
+    let ids = body
         .get("tokens")
         .and_then(Value::as_array)
-        .ok_or_else(bad)?
-        .iter()
-        .map(|v| {
-            v.as_u64()
-                .and_then(|n| u32::try_from(n).ok())
-                .ok_or_else(bad)
-        })
-        .collect::<Result<_, _>>()?;
+        .and_then(|ids| request::token_ids(ids))
+        .ok_or_else(bad)?;
     check_ids(&ids, m.model.config.n_vocab, "tokens")?;
     let content = m.model.tokenizer.decode(
         &ids,
