@@ -9,7 +9,8 @@
 #      reference data, which needs its vocabulary, and the engine reference data (llama.cpp's
 #      logits on small synthetic models of every supported family, greedy continuations,
 #      teacher-forced top-1 and perplexity on the default model),
-#   5. runs `cargo test --workspace --release` with all of it required,
+#   5. runs `cargo test --workspace --release` with all of it required (NVRTC from the
+#      nvidia-cuda-nvrtc wheel, so every CUDA kernel compiles here without a GPU),
 #   6. runs the server tests (scripts/server: the `openai` client, malformed and hostile
 #      requests, concurrent clients, the chat page in headless Chromium).
 # Extra arguments go to `cargo test`. Environment: AKUNU_VENV, AKUNU_REFDATA, AKUNU_CACHE.
@@ -58,7 +59,10 @@ step "engine reference data"
 
 step "cargo test"
 export AKUNU_REFDATA=$refdata AKUNU_MODEL=$model AKUNU_PYTHON=$py AKUNU_REQUIRE_REFDATA=1
-cargo test --workspace --release "$@"
+# NVRTC from the nvidia-cuda-nvrtc wheel: every CUDA kernel is compiled even without a GPU.
+nvrtc_lib=$("$py" -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))')
+LD_LIBRARY_PATH=$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} AKUNU_REQUIRE_NVRTC=1 \
+  cargo test --workspace --release "$@"
 
 step "server: the openai client, errors, concurrency, the chat page in Chromium"
 AKUNU_VENV=$venv AKUNU_BIN=$root/target/release/akunu AKUNU_MODEL=$model scripts/server/test.sh

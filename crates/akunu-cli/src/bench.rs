@@ -14,9 +14,10 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use crate::device::AnyBackend;
 use akunu_core::session::Logits;
+use akunu_core::Backend;
 use akunu_core::{Model, Session};
-use akunu_cpu::CpuBackend;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use serde_json::{json, Value as Json};
@@ -126,6 +127,8 @@ struct TestResult<'a> {
     model: &'a ModelInfo,
     inst: &'a Instance,
     cpu_info: &'a str,
+    /// The GPU's name, empty on the CPU.
+    gpu_info: String,
     test_time: String,
     samples_ns: Vec<u64>,
 }
@@ -230,9 +233,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             ctx_size: inst.n_depth + inst.n_prompt + inst.n_gen,
             threads: Some(inst.n_threads),
             batch_size: inst.n_ubatch.min(inst.n_batch),
-            n_gpu_layers: None,
+            n_gpu_layers: Some(inst.n_gpu_layers),
+            device: crate::device::Device::Auto,
         };
         let loaded = engine::load(&paths[inst.model], &engine_args, 1)?;
+        let gpu_info = loaded.session.backend().gpu_name().unwrap_or_default();
         let model = &loaded.model;
         let mut session = loaded.session;
         let info = infos[inst.model].get_or_insert_with(|| model_info(&paths[inst.model], model));
@@ -269,6 +274,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             model: info,
             inst,
             cpu_info: &cpu_info,
+            gpu_info: gpu_info.clone(),
             test_time: rfc3339_now(),
             samples_ns,
         };
@@ -287,7 +293,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 /// Evaluates `n` random tokens from where the cache is, in batches of `n_batch`, as
 /// llama-bench's `test_prompt` does (each batch returns the logits of its last token).
 fn test_prompt(
-    session: &mut Session<CpuBackend>,
+    session: &mut Session<AnyBackend>,
     model: &Model,
     n: usize,
     n_batch: usize,
@@ -298,9 +304,25 @@ fn test_prompt(
     Ok(())
 }
 
-/// `n` single-token decode steps, BOS first: llama-bench's `test_gen`.
-fn test_gen(session: &mut Session<CpuBackend>, model: &Model, n: usize) -> Result<()> {
-    for tok in engine::synthetic_tokens(model, n) {
+/// `n` single-token decode steps, BOS first: llama-bench's `test_gen`. A backend that
+/// chooses tokens on the device generates them as `generate` does, in greedy chains (each
+/// step still one full pass of one token); otherwise random ids are fed as llama-bench does.
+fn test_gen(session: &mut Session<AnyBackend>, model: &Model, n: usize) -> Result<()> {
+    let tokens = engine::synthetic_tokens(model, n);
+    if let Some((_, len)) = session.backend().chain_lengths() {
+        let mut next = tokens[0];
+        let mut done = 0;
+        while done < n {
+            let k = len.min(n - done);
+            let chain = session
+                .greedy_chain(0, next, k)
+                .ok_or_else(|| anyhow::anyhow!("the backend stopped chaining"))??;
+            next = chain[k - 1];
+            done += k;
+        }
+        return Ok(());
+    }
+    for tok in tokens {
         session.eval(0, &[tok], Logits::Last)?;
     }
     Ok(())
@@ -641,6 +663,14 @@ impl TestResult<'_> {
         "stddev_ts",
     ];
 
+    fn backend(&self) -> &'static str {
+        if self.gpu_info.is_empty() {
+            "CPU"
+        } else {
+            "CUDA"
+        }
+    }
+
     fn values(&self) -> [Json; 24] {
         let i = self.inst;
         let ns: Vec<f64> = self.samples_ns.iter().map(|&t| t as f64).collect();
@@ -649,8 +679,8 @@ impl TestResult<'_> {
             json!(format!("akunu-{}", env!("CARGO_PKG_VERSION"))),
             json!(0),
             json!(self.cpu_info),
-            json!(""),
-            json!("CPU"),
+            json!(self.gpu_info),
+            json!(self.backend()),
             json!(self.model.filename),
             json!(self.model.desc),
             json!(self.model.size),
@@ -719,7 +749,7 @@ impl TestResult<'_> {
                         "model" => self.model.desc.clone(),
                         "size" => human_size(self.model.size),
                         "params" => human_params(self.model.n_params),
-                        "backend" => "CPU".into(),
+                        "backend" => self.backend().into(),
                         "n_threads" => self.inst.n_threads.to_string(),
                         "n_batch" => self.inst.n_batch.to_string(),
                         "n_ubatch" => self.inst.n_ubatch.to_string(),

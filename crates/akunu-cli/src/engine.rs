@@ -5,10 +5,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::device::{self, AnyBackend, Device, Sizes};
 use akunu_core::generate::GenerateParams;
 use akunu_core::sampling::SamplerParams;
 use akunu_core::{Model, Session};
-use akunu_cpu::{CpuBackend, CpuOptions};
 use akunu_tokenizer::{ChatError, ChatTemplate};
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -25,9 +25,13 @@ pub struct EngineArgs {
     /// Most tokens evaluated in one pass during prompt processing.
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     pub batch_size: usize,
-    /// Layers to put on the GPU. Accepted for compatibility; this build runs on the CPU.
+    /// Layers to put on the GPU: 0 runs on the CPU; any other value puts the whole model on
+    /// the GPU (the default when one can be used).
     #[arg(long = "n-gpu-layers", value_name = "N", allow_negative_numbers = true)]
     pub n_gpu_layers: Option<i64>,
+    /// Where to run: auto (the GPU when one can be used), cpu or cuda.
+    #[arg(long, value_enum, default_value_t = Device::Auto)]
+    pub device: Device,
 }
 
 /// Sampling flags, with llama.cpp's defaults.
@@ -123,19 +127,17 @@ pub fn default_threads() -> usize {
 
 pub struct Loaded {
     pub model: Arc<Model>,
-    pub session: Session<CpuBackend>,
+    pub session: Session<AnyBackend>,
     pub load_time: Duration,
     /// The chat template (the model's own or the built-in one for its vocabulary), or why
     /// there is none that works.
     pub template: Result<ChatTemplate, ChatError>,
 }
 
-/// Loads `path` and builds a CPU session with `n_slots` KV-cache slots.
+/// Loads `path` and builds a session with `n_slots` KV-cache slots on the device the flags
+/// choose.
 pub fn load(path: &Path, args: &EngineArgs, n_slots: usize) -> Result<Loaded> {
     let start = Instant::now();
-    if args.n_gpu_layers.is_some_and(|n| n != 0) {
-        eprintln!("note: no GPU backend in this build; running on the CPU");
-    }
     let mut model = Model::load(path).with_context(|| format!("loading {}", path.display()))?;
     let template = model.tokenizer.chat_template_for(model.arch.family.name());
     if let Ok(t) = &template {
@@ -155,9 +157,14 @@ pub fn load(path: &Path, args: &EngineArgs, n_slots: usize) -> Result<Loaded> {
     if args.batch_size == 0 {
         bail!("-b must be at least 1");
     }
-    let backend = CpuBackend::new(
-        model.clone(),
-        CpuOptions {
+    let device = match (args.n_gpu_layers, args.device) {
+        (Some(0), Device::Auto) => Device::Cpu,
+        (_, d) => d,
+    };
+    let backend = device::open(
+        &model,
+        device,
+        &Sizes {
             n_ctx,
             n_slots,
             max_batch: args.batch_size.min(n_ctx),

@@ -2,6 +2,7 @@
 
 mod bench;
 mod chat;
+mod device;
 mod engine;
 mod generate;
 mod inspect;

@@ -73,6 +73,7 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
         threads: args.threads,
         batch_size: args.batch_size,
         n_gpu_layers: args.n_gpu_layers,
+        device: crate::device::Device::Auto,
     };
     let threads = args.threads.unwrap_or_else(engine::default_threads);
     let loaded = engine::load(&path, &engine_args, 1)?;

@@ -13,7 +13,7 @@ use crate::engine::{self, EngineArgs};
 pub fn run(path: &Path, n_prompt: usize, n_gen: usize, args: &EngineArgs) -> Result<()> {
     let mut loaded = engine::load(path, args, 1)?;
     let n_vocab = loaded.model.config.n_vocab;
-    let labels = loaded.session.backend().op_labels().to_vec();
+    let labels = loaded.session.backend().op_labels();
     let tokens = engine::synthetic_tokens(&loaded.model, n_prompt + n_gen);
     let (prompt, gen) = tokens.split_at(n_prompt);
 
@@ -24,7 +24,7 @@ pub fn run(path: &Path, n_prompt: usize, n_gen: usize, args: &EngineArgs) -> Res
         let t = Instant::now();
         session.eval(0, prompt, Logits::Last)?;
         let total = t.elapsed();
-        let times = session.backend().op_times().unwrap_or_default().to_vec();
+        let times = session.backend().op_seconds();
         report(
             &format!("prompt of {n_prompt} tokens"),
             &labels,
@@ -43,7 +43,7 @@ pub fn run(path: &Path, n_prompt: usize, n_gen: usize, args: &EngineArgs) -> Res
             session.eval(0, &[tok % n_vocab as u32], Logits::Last)?;
         }
         let total = t.elapsed();
-        let times = session.backend().op_times().unwrap_or_default().to_vec();
+        let times = session.backend().op_seconds();
         report(
             &format!("{n_gen} decode steps"),
             &labels,
@@ -55,8 +55,8 @@ pub fn run(path: &Path, n_prompt: usize, n_gen: usize, args: &EngineArgs) -> Res
     Ok(())
 }
 
-fn report(title: &str, labels: &[String], times: &[Duration], total: Duration, tokens: usize) {
-    let mut rows: Vec<(String, Duration, usize)> = Vec::new();
+fn report(title: &str, labels: &[String], times: &[f64], total: Duration, tokens: usize) {
+    let mut rows: Vec<(String, f64, usize)> = Vec::new();
     let mut index: HashMap<String, usize> = HashMap::new();
     for (label, &t) in labels.iter().zip(times) {
         let key = match label.strip_prefix("blk.") {
@@ -64,26 +64,26 @@ fn report(title: &str, labels: &[String], times: &[Duration], total: Duration, t
             None => label.clone(),
         };
         let i = *index.entry(key.clone()).or_insert_with(|| {
-            rows.push((key, Duration::ZERO, 0));
+            rows.push((key, 0.0, 0));
             rows.len() - 1
         });
         rows[i].1 += t;
         rows[i].2 += 1;
     }
-    rows.sort_by_key(|r| std::cmp::Reverse(r.1));
-    let ops_total: Duration = times.iter().sum();
+    rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let ops_total: f64 = times.iter().sum();
     println!(
         "\n{title}: {:.2} ms total, {:.1} t/s ({:.2} ms in ops)",
         total.as_secs_f64() * 1e3,
         tokens as f64 / total.as_secs_f64(),
-        ops_total.as_secs_f64() * 1e3
+        ops_total * 1e3
     );
     println!("| op | count | ms | % |\n|---|---|---|---|");
     for (name, t, count) in rows {
         println!(
             "| {name} | {count} | {:.3} | {:.1} |",
-            t.as_secs_f64() * 1e3,
-            100.0 * t.as_secs_f64() / ops_total.as_secs_f64().max(1e-12)
+            t * 1e3,
+            100.0 * t / ops_total.max(1e-12)
         );
     }
 }

@@ -31,4 +31,25 @@ pub trait Backend {
     fn forward(&mut self, batch: &Batch) -> Result<(), EngineError>;
     /// The logits of the last pass's `outputs` rows, `outputs.len() * n_vocab` values.
     fn logits(&self) -> &[f32];
+    /// Token counts of greedy chains, `(first, later)`, for backends that decode on the device
+    /// ([`Backend::greedy_chain`]); `None` when every token goes through the host.
+    fn chain_lengths(&self) -> Option<(usize, usize)> {
+        None
+    }
+    /// Greedy chain decode in one slot: feeds `token` at `pos`, then each argmax at the next
+    /// position, for `n` passes, choosing tokens on the device. Returns the `n` chosen tokens
+    /// (the last is not yet in the cache). Only called when [`Backend::chain_lengths`] is
+    /// `Some` and `pos + n <= n_ctx`.
+    fn greedy_chain(
+        &mut self,
+        slot: usize,
+        token: u32,
+        pos: usize,
+        n: usize,
+    ) -> Result<Vec<u32>, EngineError> {
+        let _ = (slot, token, pos, n);
+        Err(EngineError::Backend(
+            "this backend has no device-side decode".into(),
+        ))
+    }
 }

@@ -95,11 +95,23 @@ pub fn generate<B: Backend>(
     let mut stream = tokenizer.stream();
     let mut stops = StopMatcher::new(&params.stop);
     let mut tokens = Vec::new();
+    // Greedy decode without penalties can choose tokens on the device, a chain of them per
+    // host round trip; `pending` holds the chain's tokens not yet handed out. They are already
+    // in the cache except the last, so the slot is trimmed back if generation stops early.
+    let chain = session
+        .backend()
+        .chain_lengths()
+        .filter(|_| sampler.is_greedy() && params.sampler.penalties_off());
+    let mut chains = 0usize;
+    let mut pending = std::collections::VecDeque::new();
     let reason = loop {
         if params.max_tokens.is_some_and(|m| tokens.len() >= m) {
             break StopReason::MaxTokens;
         }
-        let tok = sampler.sample(&mut logits);
+        let tok = match pending.pop_front() {
+            Some(t) => t,
+            None => sampler.sample(&mut logits),
+        };
         sampler.accept(tok);
         if tokenizer.is_eog(tok) && !params.ignore_eos {
             break StopReason::EndOfGeneration;
@@ -112,11 +124,34 @@ pub fn generate<B: Backend>(
         if out.stopped() {
             break StopReason::StopString;
         }
-        if session.tokens(slot).len() >= session.n_ctx() {
+        let held = session.tokens(slot).len() - pending.len();
+        if held >= session.n_ctx() {
             break StopReason::ContextFull;
+        }
+        if !pending.is_empty() {
+            continue;
+        }
+        let want = match chain {
+            Some((first, later)) => {
+                let len = if chains == 0 { first } else { later };
+                let left = params.max_tokens.map_or(usize::MAX, |m| m - tokens.len());
+                len.min(left).min(session.n_ctx() - held)
+            }
+            None => 0,
+        };
+        if want > 0 {
+            if let Some(next) = session.greedy_chain(slot, tok, want) {
+                pending.extend(next?);
+                chains += 1;
+                continue;
+            }
         }
         logits.copy_from_slice(session.eval(slot, &[tok], Logits::Last)?);
     };
+    if !pending.is_empty() {
+        let keep = session.tokens(slot).len() - pending.len();
+        session.truncate(slot, keep)?;
+    }
     if !matches!(reason, StopReason::StopString | StopReason::Cancelled) {
         let mut tail = stops.push(&stream.finish()).text;
         tail.push_str(&stops.finish());

@@ -157,7 +157,8 @@ impl SamplerParams {
         Ok(())
     }
 
-    fn penalties_off(&self) -> bool {
+    /// Whether no repetition penalty changes the logits.
+    pub fn penalties_off(&self) -> bool {
         self.penalty_last_n == 0
             || (self.repeat_penalty == 1.0
                 && self.frequency_penalty == 0.0

@@ -156,6 +156,46 @@ impl<B: Backend> Session<B> {
         Ok(())
     }
 
+    /// Greedy chain decode ([`Backend::greedy_chain`]): appends `token` and the first `n - 1`
+    /// chosen tokens to the slot and returns all `n` chosen tokens. `None` when the backend
+    /// decodes through the host only.
+    pub fn greedy_chain(
+        &mut self,
+        slot: usize,
+        token: u32,
+        n: usize,
+    ) -> Option<Result<Vec<u32>, EngineError>> {
+        self.backend.chain_lengths()?;
+        Some(self.chain(slot, token, n))
+    }
+
+    fn chain(&mut self, slot: usize, token: u32, n: usize) -> Result<Vec<u32>, EngineError> {
+        self.check_append(slot, &[token])?;
+        let pos = self.history[slot].len();
+        if pos + n > self.backend.n_ctx() {
+            return Err(EngineError::ContextFull {
+                slot,
+                have: pos,
+                adding: n,
+                n_ctx: self.backend.n_ctx(),
+            });
+        }
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let out = self.backend.greedy_chain(slot, token, pos, n)?;
+        if out.len() != n || out.iter().any(|&t| t as usize >= self.n_vocab) {
+            return Err(EngineError::Backend(format!(
+                "greedy chain returned {} tokens for {n}",
+                out.len()
+            )));
+        }
+        let h = &mut self.history[slot];
+        h.push(token);
+        h.extend_from_slice(&out[..n - 1]);
+        Ok(out)
+    }
+
     /// One token for each of several slots in a single pass (batched decode). Returns the
     /// logits of each, in the order given.
     pub fn decode_many(&mut self, steps: &[(usize, u32)]) -> Result<&[f32], EngineError> {

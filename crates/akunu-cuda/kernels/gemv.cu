@@ -1,0 +1,760 @@
+// Batched matrix-vector products y[t] = W·x[t] for m <= 16 tokens, one weight read for all.
+//
+// Compiled without QTYPE: only the activation quantizer, shared by every weight type.
+// Compiled with -DQTYPE=<ggml type code>: the products for that weight type.
+//
+// Quantized weights meet activations quantized to int8 per 32 values (d = amax/127, plus the
+// level sums d·Σq per 16 and per 32 that the offset and min terms need), multiplied four
+// values per __dp4a with int32 sums inside a sub-block and f32 across them. Float weights
+// (F32, F16, BF16) meet the f32 activations directly.
+//
+// Work split: a warp owns one output row (two for m > 1, or the gate and up rows of one output
+// in the gated kernel) and walks the row in per-type "chunks" of 16 to 64 weight bytes: lane l
+// takes chunks l, l + 32, ... so every weight load is 16 bytes, the warp reads 512 contiguous
+// bytes at a time, and each lane keeps UNROLL chunks in flight. A chunk's activations are loaded
+// once per token and serve every row the warp owns. The per-lane partial sums of all
+// (row, token) pairs are then reduced across the warp in one butterfly.
+#include "common.cuh"
+
+#ifndef QTYPE
+
+// grid (ceil(cols/32 / 8), m), block 256: warp w quantizes group blockIdx.x*8 + w (32 values)
+// of token blockIdx.y, one value per lane. Writes q (m x cols levels) and s (m x cols/32 of
+// {d, d·Σq, d·Σq[0..16), d·Σq[16..32)}).
+extern "C" __global__ void __launch_bounds__(256)
+    quantize_act(const float* __restrict__ x, int x_stride, int m, int cols, i8* __restrict__ q,
+                 float4* __restrict__ s) {
+    const int t = blockIdx.y;
+    const int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (t >= m || g >= cols / 32) return;
+    const float v = x[(size_t)t * x_stride + (size_t)g * 32 + lane];
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    int level = 0;
+    if (amax > 0.0f) level = max(-127, min(127, __float2int_rn(v * (127.0f / amax))));
+    q[(size_t)t * cols + (size_t)g * 32 + lane] = (i8)level;
+    int half = level;
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) half += __shfl_xor_sync(0xffffffffu, half, o);
+    const int other = __shfl_xor_sync(0xffffffffu, half, 16);
+    if (lane == 0) {
+        s[(size_t)t * (cols / 32) + g] =
+            make_float4(d, d * (float)(half + other), d * (float)half, d * (float)other);
+    }
+}
+
+#else
+
+#include "quant.cuh"
+
+#define FULL_MASK 0xffffffffu
+
+// A 16-byte load of weights, which are read once: kept out of L1, which the activations use.
+__device__ __forceinline__ uint4 ld_weights(const void* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+// The activations of the product, m token rows.
+struct Acts {
+    const i8* q;      // levels, cols per token
+    const float4* s;  // cols/32 per token: {d, d·Σq, d·Σq[0..16), d·Σq[16..32)}
+    const float* f;   // f32 values, fstride per token (float weights only)
+    int cols;
+    int fstride;
+};
+
+// One 32-value activation group.
+struct A32 {
+    int4 lo, hi;
+    float d, s;
+};
+__device__ __forceinline__ void load_a32(A32& a, const Acts& x, int t, int grp) {
+    const int4* p = (const int4*)(x.q + (size_t)t * x.cols) + 2 * grp;
+    a.lo = __ldg(p);
+    a.hi = __ldg(p + 1);
+    const float2 ds = __ldg((const float2*)(x.s + (size_t)t * (x.cols / 32) + grp));
+    a.d = ds.x;
+    a.s = ds.y;
+}
+
+// Half h (16 values) of a 32-value activation group; s is the level sum of that half.
+struct A16 {
+    int4 v;
+    float d, s;
+};
+__device__ __forceinline__ void load_a16(A16& a, const Acts& x, int t, int grp, int h) {
+    a.v = __ldg((const int4*)(x.q + (size_t)t * x.cols) + 2 * grp + h);
+    const float4 s = __ldg(x.s + (size_t)t * (x.cols / 32) + grp);
+    a.d = s.x;
+    a.s = h ? s.w : s.z;
+}
+
+__device__ __forceinline__ int dp4a(u32 a, int b, int c) { return __dp4a((int)a, b, c); }
+
+// Bits 0..3 of b moved to bit 0 of bytes 0..3.
+__device__ __forceinline__ u32 spread4(u32 b) { return (b * 0x00204081u) & 0x01010101u; }
+
+// The IQ4 levels of the 8 nibbles of w (byte j: low nibble, high nibble): lo gets the levels of
+// the low nibbles of bytes 0..3, hi those of the high nibbles, as signed bytes.
+__device__ __forceinline__ void iq4_lookup(u32 w, u32& lo, u32& hi) {
+    const u32 sel = w & 0x77777777u;
+    const u32 upper = (w & 0x88888888u) >> 1;  // nibble bit 3 -> +4: the second table half
+    const u32 a0 = __byte_perm(IQ4_T0, IQ4_T1, sel);
+    const u32 b0 = __byte_perm(IQ4_T2, IQ4_T3, sel);
+    const u32 a1 = __byte_perm(IQ4_T0, IQ4_T1, sel >> 16);
+    const u32 b1 = __byte_perm(IQ4_T2, IQ4_T3, sel >> 16);
+    const u32 r0 = __byte_perm(a0, b0, 0x3210u | (upper & 0xFFFFu));
+    const u32 r1 = __byte_perm(a1, b1, 0x3210u | (upper >> 16));
+    lo = __byte_perm(r0, r1, 0x6420u);
+    hi = __byte_perm(r0, r1, 0x7531u);
+}
+
+__device__ __forceinline__ void words(uint4 v, u32 (&w)[4]) {
+    w[0] = v.x;
+    w[1] = v.y;
+    w[2] = v.z;
+    w[3] = v.w;
+}
+__device__ __forceinline__ void words(int4 v, int (&w)[4]) {
+    w[0] = v.x;
+    w[1] = v.y;
+    w[2] = v.z;
+    w[3] = v.w;
+}
+
+// Per type: CV values per chunk, UNROLL chunks in flight per lane, M1_ROWS rows per warp when
+// m = 1 (must match matmul.rs), W (one row's chunk in registers), A (one token's activations
+// for a chunk), load_w, load_a and dot.
+
+#if QTYPE == GGML_Q4_0 || QTYPE == GGML_Q4_1 || QTYPE == GGML_Q5_0 || QTYPE == GGML_Q5_1 || \
+    QTYPE == GGML_IQ4_NL
+// Chunk = one block of 32.
+#define CV 32
+#define M1_ROWS 2
+#define UNROLL 4
+struct W {
+    uint4 q;
+    float d, m;
+    u32 qh;
+};
+typedef A32 A;
+__device__ __forceinline__ void load_w(W& w, const QMatrix& mat, int row, int ch) {
+    const size_t i = qblock(mat, row, ch);
+    w.q = ld_weights(mat.data + i * QB);
+#if QTYPE == GGML_Q4_0 || QTYPE == GGML_IQ4_NL
+    w.d = f16_to_f32(__ldg((const u16*)mat.aux + i));
+#elif QTYPE == GGML_Q4_1
+    const u32 dm = __ldg((const u32*)mat.aux + i);
+    w.d = f16_to_f32((u16)(dm & 0xFFFFu));
+    w.m = f16_to_f32((u16)(dm >> 16));
+#else
+    const uint2 a = __ldg((const uint2*)mat.aux + i);
+    w.d = f16_to_f32((u16)(a.x & 0xFFFFu));
+    w.m = f16_to_f32((u16)(a.x >> 16));
+    w.qh = a.y;
+#endif
+}
+__device__ __forceinline__ void load_a(A& a, const Acts& x, int t, int ch) { load_a32(a, x, t, ch); }
+__device__ __forceinline__ float dot(const W& w, const A& a) {
+    u32 q[4];
+    int al[4], ah[4];
+    words(w.q, q);
+    words(a.lo, al);
+    words(a.hi, ah);
+    int s = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        u32 lo, hi;
+#if QTYPE == GGML_IQ4_NL
+        iq4_lookup(q[k], lo, hi);
+#else
+        lo = q[k] & 0x0F0F0F0Fu;
+        hi = (q[k] >> 4) & 0x0F0F0F0Fu;
+#if QTYPE == GGML_Q5_0 || QTYPE == GGML_Q5_1
+        lo |= spread4((w.qh >> (4 * k)) & 15u) << 4;
+        hi |= spread4((w.qh >> (16 + 4 * k)) & 15u) << 4;
+#endif
+#endif
+        s = dp4a(lo, al[k], s);
+        s = dp4a(hi, ah[k], s);
+    }
+#if QTYPE == GGML_Q4_0
+    return w.d * (a.d * (float)s - 8.0f * a.s);
+#elif QTYPE == GGML_Q5_0
+    return w.d * (a.d * (float)s - 16.0f * a.s);
+#elif QTYPE == GGML_IQ4_NL
+    return w.d * a.d * (float)s;
+#else
+    return w.d * a.d * (float)s + w.m * a.s;
+#endif
+}
+
+#elif QTYPE == GGML_Q8_0
+// Chunk = one block of 32 (two 16-byte loads).
+#define CV 32
+#define M1_ROWS 1
+#define UNROLL 2
+struct W {
+    uint4 q0, q1;
+    float d;
+};
+typedef A32 A;
+__device__ __forceinline__ void load_w(W& w, const QMatrix& mat, int row, int ch) {
+    const size_t i = qblock(mat, row, ch);
+    w.q0 = ld_weights(mat.data + i * QB);
+    w.q1 = ld_weights(mat.data + i * QB + 16);
+    w.d = f16_to_f32(__ldg((const u16*)mat.aux + i));
+}
+__device__ __forceinline__ void load_a(A& a, const Acts& x, int t, int ch) { load_a32(a, x, t, ch); }
+__device__ __forceinline__ float dot(const W& w, const A& a) {
+    u32 q0[4], q1[4];
+    int al[4], ah[4];
+    words(w.q0, q0);
+    words(w.q1, q1);
+    words(a.lo, al);
+    words(a.hi, ah);
+    int s = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        s = dp4a(q0[k], al[k], s);
+        s = dp4a(q1[k], ah[k], s);
+    }
+    return w.d * a.d * (float)s;
+}
+
+#elif QTYPE == GGML_IQ4_XS
+// Chunk = sub-block j = ch % 8 (32 values, 16 quant bytes) of block ch / 8.
+#define CV 32
+#define M1_ROWS 2
+#define UNROLL 4
+struct W {
+    uint4 q;
+    float d;
+};
+typedef A32 A;
+__device__ __forceinline__ void load_w(W& w, const QMatrix& mat, int row, int ch) {
+    const int j = ch & 7;
+    const size_t i = qblock(mat, row, ch >> 3);
+    w.q = ld_weights(mat.data + i * QB + 16 * j);
+    const uint2 a = __ldg((const uint2*)mat.aux + i);
+    const int ls = (int)(((a.y >> (4 * j)) & 15u) | (((a.x >> (16 + 2 * j)) & 3u) << 4));
+    w.d = f16_to_f32((u16)(a.x & 0xFFFFu)) * (float)(ls - 32);
+}
+__device__ __forceinline__ void load_a(A& a, const Acts& x, int t, int ch) { load_a32(a, x, t, ch); }
+__device__ __forceinline__ float dot(const W& w, const A& a) {
+    u32 q[4];
+    int al[4], ah[4];
+    words(w.q, q);
+    words(a.lo, al);
+    words(a.hi, ah);
+    int s = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        u32 lo, hi;
+        iq4_lookup(q[k], lo, hi);
+        s = dp4a(lo, al[k], s);
+        s = dp4a(hi, ah[k], s);
+    }
+    return w.d * a.d * (float)s;
+}
+
+#elif QTYPE == GGML_Q4_K || QTYPE == GGML_Q5_K
+// Chunk c = ch % 4 of block ch / 4: quant bytes 32c..32c+32, whose low nibbles are sub-block
+// 2c and high nibbles sub-block 2c+1 (activation groups 8b + 2c and 8b + 2c + 1). Q5_K adds
+// the 32 qh bytes, bits 2c and 2c+1.
+#define CV 64
+#define M1_ROWS 2
+#define UNROLL 2
+struct W {
+    uint4 q0, q1;
+#if QTYPE == GGML_Q5_K
+    uint4 h0, h1;  // qh shifted right by 2c: bit 0 / bit 1 extend the low / high nibble
+#endif
+    float d1, m1, d2, m2;
+};
+struct A {
+    A32 a0, a1;
+};
+__device__ __forceinline__ uint4 shr4(uint4 v, int s) {
+    return make_uint4(v.x >> s, v.y >> s, v.z >> s, v.w >> s);
+}
+__device__ __forceinline__ void load_w(W& w, const QMatrix& mat, int row, int ch) {
+    const int c = ch & 3;
+    const size_t i = qblock(mat, row, ch >> 2);
+#if QTYPE == GGML_Q5_K
+    const u8* q = mat.data + i * QB + 32 + 32 * c;
+    w.h0 = shr4(ld_weights(mat.data + i * QB), 2 * c);
+    w.h1 = shr4(ld_weights(mat.data + i * QB + 16), 2 * c);
+#else
+    const u8* q = mat.data + i * QB + 32 * c;
+#endif
+    w.q0 = ld_weights(q);
+    w.q1 = ld_weights(q + 16);
+    // Scales and mins of sub-blocks 2c and 2c+1 as byte pairs (ggml's get_scale_min_k4 for
+    // two sub-blocks at once, without branches).
+    const uint4 a = __ldg((const uint4*)(mat.aux + i * AB));
+    const int sh = 16 * (c & 1);
+    const u32 y = a.y >> sh, z = a.z >> sh, x = a.w >> sh;
+    const u32 sc = c < 2 ? (y & 0x3F3Fu) : ((x & 0x0F0Fu) | ((y >> 2) & 0x3030u));
+    const u32 mn = c < 2 ? (z & 0x3F3Fu) : (((x >> 4) & 0x0F0Fu) | ((z >> 2) & 0x3030u));
+    const float d = f16_to_f32((u16)(a.x & 0xFFFFu));
+    const float dmin = f16_to_f32((u16)(a.x >> 16));
+    w.d1 = d * (float)(sc & 0xFFu);
+    w.d2 = d * (float)((sc >> 8) & 0xFFu);
+    w.m1 = dmin * (float)(mn & 0xFFu);
+    w.m2 = dmin * (float)((mn >> 8) & 0xFFu);
+}
+__device__ __forceinline__ void load_a(A& a, const Acts& x, int t, int ch) {
+    const int grp = (ch >> 2) * 8 + 2 * (ch & 3);
+    load_a32(a.a0, x, t, grp);
+    load_a32(a.a1, x, t, grp + 1);
+}
+__device__ __forceinline__ float dot(const W& w, const A& a) {
+    u32 q0[4], q1[4];
+    int x0[4], x1[4], y0[4], y1[4];
+    words(w.q0, q0);
+    words(w.q1, q1);
+    words(a.a0.lo, x0);
+    words(a.a0.hi, x1);
+    words(a.a1.lo, y0);
+    words(a.a1.hi, y1);
+#if QTYPE == GGML_Q5_K
+    u32 h0[4], h1[4];
+    words(w.h0, h0);
+    words(w.h1, h1);
+#endif
+    int s0 = 0, s1 = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        u32 l0 = q0[k] & 0x0F0F0F0Fu, l1 = q1[k] & 0x0F0F0F0Fu;
+        u32 u0 = (q0[k] >> 4) & 0x0F0F0F0Fu, u1 = (q1[k] >> 4) & 0x0F0F0F0Fu;
+#if QTYPE == GGML_Q5_K
+        l0 |= (h0[k] & 0x01010101u) << 4;
+        l1 |= (h1[k] & 0x01010101u) << 4;
+        u0 |= (h0[k] & 0x02020202u) << 3;
+        u1 |= (h1[k] & 0x02020202u) << 3;
+#endif
+        s0 = dp4a(l0, x0[k], s0);
+        s0 = dp4a(l1, x1[k], s0);
+        s1 = dp4a(u0, y0[k], s1);
+        s1 = dp4a(u1, y1[k], s1);
+    }
+    return w.d1 * a.a0.d * (float)s0 - w.m1 * a.a0.s + w.d2 * a.a1.d * (float)s1 -
+           w.m2 * a.a1.s;
+}
+
+#elif QTYPE == GGML_Q6_K
+// Chunk k = ch % 4 = 2n + p of block ch / 4: ql bytes 64n + 32p.. (32) and qh bytes
+// 128 + 32n.. (32). Low nibbles with qh bits 2p are values 128n + 32p + l (activation group
+// 4n + p), high nibbles with qh bits 4 + 2p values 128n + 64 + 32p + l (group 4n + 2 + p); each
+// has its own scale per 16 values: bytes 8n + 2p + l/16 (+ 4 for the high nibbles).
+#define CV 64
+#define M1_ROWS 2
+#define UNROLL 2
+struct W {
+    uint4 l0, l1;
+    uint4 h0, h1;  // shifted right by 2p
+    float d[4];    // low l < 16, low l >= 16, high l < 16, high l >= 16
+};
+struct A32H {
+    int4 lo, hi;
+    float d, s0, s1;
+};
+struct A {
+    A32H a0, a1;
+};
+__device__ __forceinline__ uint4 shr4(uint4 v, int s) {
+    return make_uint4(v.x >> s, v.y >> s, v.z >> s, v.w >> s);
+}
+__device__ __forceinline__ void load_w(W& w, const QMatrix& mat, int row, int ch) {
+    const int k = ch & 3, n = k >> 1, p = k & 1;
+    const size_t i = qblock(mat, row, ch >> 2);
+    const size_t nblocks = (size_t)mat.rows * (size_t)(mat.cols / QK);
+    const u8* blk = mat.data + i * QB;
+    w.l0 = ld_weights(blk + 64 * n + 32 * p);
+    w.l1 = ld_weights(blk + 64 * n + 32 * p + 16);
+    w.h0 = shr4(ld_weights(blk + 128 + 32 * n), 2 * p);
+    w.h1 = shr4(ld_weights(blk + 128 + 32 * n + 16), 2 * p);
+    const uint2 sc = __ldg((const uint2*)(mat.aux + i * AB + 8 * n));
+    const float d = f16_to_f32(__ldg((const u16*)(mat.aux + nblocks * AB) + i));
+    w.d[0] = d * (float)(i8)byte_of(sc.x, 2 * p);
+    w.d[1] = d * (float)(i8)byte_of(sc.x, 2 * p + 1);
+    w.d[2] = d * (float)(i8)byte_of(sc.y, 2 * p);
+    w.d[3] = d * (float)(i8)byte_of(sc.y, 2 * p + 1);
+}
+__device__ __forceinline__ void load_a32h(A32H& a, const Acts& x, int t, int grp) {
+    const int4* p = (const int4*)(x.q + (size_t)t * x.cols) + 2 * grp;
+    a.lo = __ldg(p);
+    a.hi = __ldg(p + 1);
+    const float4 s = __ldg(x.s + (size_t)t * (x.cols / 32) + grp);
+    a.d = s.x;
+    a.s0 = s.z;
+    a.s1 = s.w;
+}
+__device__ __forceinline__ void load_a(A& a, const Acts& x, int t, int ch) {
+    const int k = ch & 3;
+    const int grp = (ch >> 2) * 8 + 4 * (k >> 1) + (k & 1);
+    load_a32h(a.a0, x, t, grp);
+    load_a32h(a.a1, x, t, grp + 2);
+}
+__device__ __forceinline__ float dot(const W& w, const A& a) {
+    u32 l0[4], l1[4], h0[4], h1[4];
+    int x0[4], x1[4], y0[4], y1[4];
+    words(w.l0, l0);
+    words(w.l1, l1);
+    words(w.h0, h0);
+    words(w.h1, h1);
+    words(a.a0.lo, x0);
+    words(a.a0.hi, x1);
+    words(a.a1.lo, y0);
+    words(a.a1.hi, y1);
+    int s00 = 0, s01 = 0, s10 = 0, s11 = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        s00 = dp4a((l0[k] & 0x0F0F0F0Fu) | ((h0[k] & 0x03030303u) << 4), x0[k], s00);
+        s01 = dp4a((l1[k] & 0x0F0F0F0Fu) | ((h1[k] & 0x03030303u) << 4), x1[k], s01);
+        s10 = dp4a(((l0[k] >> 4) & 0x0F0F0F0Fu) | (h0[k] & 0x30303030u), y0[k], s10);
+        s11 = dp4a(((l1[k] >> 4) & 0x0F0F0F0Fu) | (h1[k] & 0x30303030u), y1[k], s11);
+    }
+    return w.d[0] * (a.a0.d * (float)s00 - 32.0f * a.a0.s0) +
+           w.d[1] * (a.a0.d * (float)s01 - 32.0f * a.a0.s1) +
+           w.d[2] * (a.a1.d * (float)s10 - 32.0f * a.a1.s0) +
+           w.d[3] * (a.a1.d * (float)s11 - 32.0f * a.a1.s1);
+}
+
+#elif QTYPE == GGML_Q2_K || QTYPE == GGML_Q3_K
+// Chunk k = ch % 4 = 2n + h of block ch / 4: quant bytes 32n + 16h.. hold, at bits 2s, values
+// 128n + 32s + 16h.. (s = 0..3): sub-block 8n + 2s + h, activation group 4n + s, half h.
+// Q3_K adds hmask bytes 16h.., bit 4n + s.
+#define CV 64
+#define M1_ROWS 2
+#define UNROLL 4
+struct W {
+    uint4 q;
+#if QTYPE == GGML_Q2_K
+    u32 sc;  // the four sub-block scale bytes (scale low nibble, min high nibble)
+    float d, dmin;
+#else
+    uint4 hm;  // hmask bytes 16h.., shifted right by 4n
+    float dl[4];
+#endif
+};
+struct A {
+    A16 a[4];
+};
+__device__ __forceinline__ void load_w(W& w, const QMatrix& mat, int row, int ch) {
+    const int k = ch & 3, n = k >> 1, h = k & 1;
+    const size_t i = qblock(mat, row, ch >> 2);
+    const u8* blk = mat.data + i * QB;
+#if QTYPE == GGML_Q2_K
+    w.q = ld_weights(blk + 16 + 32 * n + 16 * h);
+    const uint2 sc = __ldg((const uint2*)(blk + 8 * n));
+    w.sc = __byte_perm(sc.x, sc.y, (u32)(h | ((h + 2) << 4) | ((h + 4) << 8) | ((h + 6) << 12)));
+    const u32 dd = __ldg((const u32*)mat.aux + i);
+    w.d = f16_to_f32((u16)(dd & 0xFFFFu));
+    w.dmin = f16_to_f32((u16)(dd >> 16));
+#else
+    w.q = ld_weights(blk + 32 + 32 * n + 16 * h);
+    const uint4 hm = ld_weights(blk + 16 * h);
+    w.hm = make_uint4(hm.x >> (4 * n), hm.y >> (4 * n), hm.z >> (4 * n), hm.w >> (4 * n));
+    const uint4 a = __ldg((const uint4*)(mat.aux + i * AB));
+    const float d = f16_to_f32((u16)(a.w & 0xFFFFu));
+    // Sub-block 8n + 2s + h: low four bits in nibble n of scale byte 2s + h, top two bits at
+    // 4n + 2*(s/2) in byte 8 + (2s + h) % 4.
+    const u32 low4 =
+        __byte_perm(a.x, a.y, (u32)(h | ((h + 2) << 4) | ((h + 4) << 8) | ((h + 6) << 12)));
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+        const u32 lo = (byte_of(low4, s) >> (4 * n)) & 15u;
+        const u32 hi = (byte_of(a.z, h + 2 * (s & 1)) >> (4 * n + 2 * (s >> 1))) & 3u;
+        w.dl[s] = d * (float)((int)(lo | (hi << 4)) - 32);
+    }
+#endif
+}
+__device__ __forceinline__ void load_a(A& a, const Acts& x, int t, int ch) {
+    const int k = ch & 3;
+    const int grp = (ch >> 2) * 8 + 4 * (k >> 1);
+#pragma unroll
+    for (int s = 0; s < 4; s++) load_a16(a.a[s], x, t, grp + s, k & 1);
+}
+__device__ __forceinline__ float dot(const W& w, const A& a) {
+    u32 q[4];
+    words(w.q, q);
+#if QTYPE == GGML_Q3_K
+    u32 hm[4];
+    words(w.hm, hm);
+#endif
+    float r = 0.0f;
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+        int v[4];
+        words(a.a[s].v, v);
+        int isum = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            u32 lv = (q[k] >> (2 * s)) & 0x03030303u;
+#if QTYPE == GGML_Q3_K
+            lv |= ((hm[k] >> s) & 0x01010101u) << 2;
+#endif
+            isum = dp4a(lv, v[k], isum);
+        }
+#if QTYPE == GGML_Q2_K
+        const u32 sc = byte_of(w.sc, s);
+        r += w.d * (float)(sc & 15u) * a.a[s].d * (float)isum - w.dmin * (float)(sc >> 4) * a.a[s].s;
+#else
+        r += w.dl[s] * (a.a[s].d * (float)isum - 4.0f * a.a[s].s);
+#endif
+    }
+    return r;
+}
+
+#elif QTYPE == GGML_F32
+// Chunk = 4 values (16 bytes).
+#define CV 4
+#define M1_ROWS 1
+#define UNROLL 4
+struct W {
+    uint4 q;
+};
+struct A {
+    float4 v;
+};
+__device__ __forceinline__ void load_w(W& w, const QMatrix& mat, int row, int ch) {
+    w.q = ld_weights(mat.data + ((size_t)row * mat.cols + (size_t)ch * 4) * 4);
+}
+__device__ __forceinline__ void load_a(A& a, const Acts& x, int t, int ch) {
+    a.v = __ldg((const float4*)(x.f + (size_t)t * x.fstride) + ch);
+}
+__device__ __forceinline__ float dot(const W& w, const A& a) {
+    return __uint_as_float(w.q.x) * a.v.x + __uint_as_float(w.q.y) * a.v.y +
+           __uint_as_float(w.q.z) * a.v.z + __uint_as_float(w.q.w) * a.v.w;
+}
+
+#elif QTYPE == GGML_F16 || QTYPE == GGML_BF16
+// Chunk = 8 values (16 bytes).
+#define CV 8
+#define M1_ROWS 1
+#define UNROLL 4
+struct W {
+    uint4 q;
+};
+struct A {
+    float4 v0, v1;
+};
+__device__ __forceinline__ void load_w(W& w, const QMatrix& mat, int row, int ch) {
+    w.q = ld_weights(mat.data + ((size_t)row * mat.cols + (size_t)ch * 8) * 2);
+}
+__device__ __forceinline__ void load_a(A& a, const Acts& x, int t, int ch) {
+    const float4* p = (const float4*)(x.f + (size_t)t * x.fstride) + 2 * ch;
+    a.v0 = __ldg(p);
+    a.v1 = __ldg(p + 1);
+}
+__device__ __forceinline__ float lo_half(u32 v) {
+#if QTYPE == GGML_F16
+    return f16_to_f32((u16)(v & 0xFFFFu));
+#else
+    return bf16_to_f32((u16)(v & 0xFFFFu));
+#endif
+}
+__device__ __forceinline__ float hi_half(u32 v) {
+#if QTYPE == GGML_F16
+    return f16_to_f32((u16)(v >> 16));
+#else
+    return __uint_as_float(v & 0xFFFF0000u);
+#endif
+}
+__device__ __forceinline__ float dot(const W& w, const A& a) {
+    return lo_half(w.q.x) * a.v0.x + hi_half(w.q.x) * a.v0.y + lo_half(w.q.y) * a.v0.z +
+           hi_half(w.q.y) * a.v0.w + lo_half(w.q.z) * a.v1.x + hi_half(w.q.z) * a.v1.y +
+           lo_half(w.q.w) * a.v1.z + hi_half(w.q.w) * a.v1.w;
+}
+#endif
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
+__device__ __forceinline__ float gelu_tanh(float x) {
+    const float u = 0.7978846f * x * (1.0f + 0.044715f * x * x);
+    return x / (1.0f + __expf(-2.0f * u));
+}
+__device__ __forceinline__ float activate(int act, float x) { return act ? gelu_tanh(x) : silu(x); }
+
+template <int V>
+struct Log2 {
+    static constexpr int value = V <= 1 ? 0 : 1 + Log2<V / 2>::value;
+};
+template <>
+struct Log2<1> {
+    static constexpr int value = 0;
+};
+
+// One butterfly stage per level: with N values left of V, each lane keeps the half selected
+// by its lane bit (offset 16·N/V) and adds its partner's copy of that half.
+template <int V, int N>
+__device__ __forceinline__ void butterfly(float (&v)[V], int lane) {
+    if constexpr (N > 1) {
+        constexpr int half = N / 2;
+        constexpr int o = 16 * N / V;
+        const bool upper = (lane & o) != 0;
+#pragma unroll
+        for (int i = 0; i < half; i++) {
+            const float a = v[i], b = v[i + half];
+            v[i] = (upper ? b : a) + __shfl_xor_sync(FULL_MASK, upper ? a : b, o);
+        }
+        butterfly<V, half>(v, lane);
+    }
+}
+
+// Sums V = 2^L per-lane values across the warp with V - 1 + 5 - L shuffles. Lanes whose low
+// 5 - L bits are zero return the total of value lane >> (5 - L).
+template <int V>
+__device__ __forceinline__ float reduce_values(float (&v)[V], int lane) {
+    butterfly<V, V>(v, lane);
+    float s = v[0];
+#pragma unroll
+    for (int o = 16 / V; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
+    return s;
+}
+
+// The dot products of NR rows (row[r] of mat[r]) with up to M tokens; every lane returns
+// partial sums acc[r][t] over its chunks.
+template <int M, int NR>
+__device__ __forceinline__ void row_dots(const QMatrix (&mat)[NR], const int (&row)[NR],
+                                         const Acts& x, int m, int lane, float (&acc)[NR][M]) {
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+#pragma unroll
+        for (int t = 0; t < M; t++) acc[r][t] = 0.0f;
+    }
+    const int nch = mat[0].cols / CV;
+    // Chunks in flight per lane and row: fewer when a warp owns four rows.
+    constexpr int U = NR >= 4 && UNROLL > 1 ? UNROLL / 2 : UNROLL;
+    for (int c0 = lane; c0 < nch; c0 += 32 * U) {
+        W w[U][NR];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (c0 + 32 * u < nch) {
+#pragma unroll
+                for (int r = 0; r < NR; r++) load_w(w[u][r], mat[r], row[r], c0 + 32 * u);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (c0 + 32 * u < nch) {
+#pragma unroll
+                for (int t = 0; t < M; t++) {
+                    if (t < m) {
+                        A a;
+                        load_a(a, x, t, c0 + 32 * u);
+#pragma unroll
+                        for (int r = 0; r < NR; r++) acc[r][t] += dot(w[u][r], a);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Plain product. Block = warps of 32 lanes; warp w of block b owns rows
+// (b*warps + w)*NR + r, r < NR (NR = M1_ROWS for m = 1, 4 for m = 4 and 8, else 2).
+// Per mode: 0 y = W·x (+ bias), 1 y = silu(y)·(W·x), 2 y = gelu(y)·(W·x).
+template <int M, int NR>
+__device__ __forceinline__ void gemv_plain(const QMatrix& mat, const Acts& x, int m,
+                                           float* __restrict__ y, int y_stride,
+                                           const float* __restrict__ bias, int mode) {
+    const int lane = threadIdx.x & 31;
+    const int row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * NR;
+    if (row0 >= mat.rows) return;
+    QMatrix mats[NR];
+    int rows[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        mats[r] = mat;
+        rows[r] = min(row0 + r, mat.rows - 1);
+    }
+    float acc[NR][M];
+    row_dots<M, NR>(mats, rows, x, m, lane, acc);
+    float v[NR * M];
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+#pragma unroll
+        for (int t = 0; t < M; t++) v[r * M + t] = acc[r][t];
+    }
+    constexpr int SH = 5 - Log2<NR * M>::value;
+    const float s = reduce_values<NR * M>(v, lane);
+    if ((lane & ((1 << SH) - 1)) == 0) {
+        const int idx = lane >> SH;
+        const int t = idx % M;
+        const int row = row0 + idx / M;
+        if (t < m && row < mat.rows) {
+            float* out = y + (size_t)t * y_stride + row;
+            if (mode == 0) {
+                *out = s + (bias ? bias[row] : 0.0f);
+            } else {
+                *out = activate(mode - 1, *out) * s;
+            }
+        }
+    }
+}
+
+// Gated product: warp w of block b owns output row b*warps + w, reading that row of the gate
+// and of the up matrix: y = act(gate·x)·(up·x), act 0 silu, 1 gelu (tanh).
+template <int M>
+__device__ __forceinline__ void gemv_gated(const QMatrix& gate, const QMatrix& up, const Acts& x,
+                                           int m, float* __restrict__ y, int y_stride, int act) {
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= gate.rows) return;
+    const QMatrix mats[2] = {gate, up};
+    const int rows[2] = {row, row};
+    float acc[2][M];
+    row_dots<M, 2>(mats, rows, x, m, lane, acc);
+    float v[2 * M];
+#pragma unroll
+    for (int t = 0; t < M; t++) {
+        v[t] = acc[0][t];
+        v[M + t] = acc[1][t];
+    }
+    // Value t (gate) and M + t (up) end 16 lanes apart.
+    constexpr int SH = 5 - Log2<2 * M>::value;
+    const float s = reduce_values<2 * M>(v, lane);
+    const float u = __shfl_down_sync(FULL_MASK, s, 16);
+    if (lane < 16 && (lane & ((1 << SH) - 1)) == 0) {
+        const int t = lane >> SH;
+        if (t < m) y[(size_t)t * y_stride + row] = activate(act, s) * u;
+    }
+}
+
+#define GEMV_ENTRIES(M, NR, MINB, MINBG)                                                             \
+    extern "C" __global__ void __launch_bounds__(256, MINB)                                     \
+        gemv_m##M(const u8* __restrict__ data, const u8* __restrict__ aux, int rows, int cols,  \
+                  const i8* __restrict__ aq, const float4* __restrict__ as,                     \
+                  const float* __restrict__ xf, int x_stride, int m, float* __restrict__ y,     \
+                  int y_stride, const float* __restrict__ bias, int mode) {                     \
+        const QMatrix mat = {data, aux, rows, cols};                                             \
+        const Acts x = {aq, as, xf, cols, x_stride};                                             \
+        gemv_plain<M, NR>(mat, x, m, y, y_stride, bias, mode);                                   \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(256, MINBG) gemv_gated_m##M(                   \
+        const u8* __restrict__ data, const u8* __restrict__ aux, int rows, int cols,            \
+        const u8* __restrict__ data2, const u8* __restrict__ aux2, const i8* __restrict__ aq,   \
+        const float4* __restrict__ as, const float* __restrict__ xf, int x_stride, int m,       \
+        float* __restrict__ y, int y_stride, int act) {                                          \
+        const QMatrix gate = {data, aux, rows, cols};                                            \
+        const QMatrix up = {data2, aux2, rows, cols};                                            \
+        const Acts x = {aq, as, xf, cols, x_stride};                                             \
+        gemv_gated<M>(gate, up, x, m, y, y_stride, act);                                         \
+    }
+
+// Blocks per SM the register allocation must allow (64, 128 or 255 registers a thread): m = 1
+// wants many warps in flight; larger batches need registers for their sums.
+GEMV_ENTRIES(1, M1_ROWS, M1_ROWS == 1 ? 4 : 2, 2)
+GEMV_ENTRIES(2, 2, 2, 2)
+GEMV_ENTRIES(4, 4, 1, 2)
+GEMV_ENTRIES(8, 4, 1, 2)
+GEMV_ENTRIES(16, 2, 1, 1)
+
+#endif

@@ -1,0 +1,92 @@
+// The fused step between the q/k/v projections and attention: per token, optional RMSNorm of
+// every Q and K head (QK-norm), RoPE of Q and K, Q rounded to f16 precision in place (the
+// precision attention reads it at), and K and V written as f16 into the cache at the token's
+// (slot, position). The cache is [slot][kv_head][position][dim].
+//
+// Angles follow the CPU backend: the f32 product position * inv_freq[i], then its sine and
+// cosine to f32 accuracy (computed in f64: fast-math sinf would be far off for large angles).
+#include "common.cuh"
+
+#define ROPE_THREADS 256
+#define ROPE_WARPS (ROPE_THREADS / 32)
+#define ROPE_MAX_DIM 256
+
+// Work split: grid = (m, ceil((n_head + 2 * n_head_kv) / 8)); block (t, y) takes heads
+// 8y .. 8y + 7 of token t in the order Q heads, K heads, V heads, one warp per head, lanes
+// striding the head. Each block computes the token's angles it needs.
+extern "C" __global__ void __launch_bounds__(ROPE_THREADS)
+qk_rope_store(float* q, const float* k, const float* v, const float* q_norm, const float* k_norm,
+              float eps, const float* inv_freq, u32 n_rot, u32 neox, const u32* positions,
+              const u32* slots, u16* kcache, u16* vcache, u32 n_head, u32 n_head_kv,
+              u32 head_dim, u32 head_dim_v, u32 n_ctx) {
+    __shared__ float cos_sin[ROPE_MAX_DIM];
+    __shared__ float head[ROPE_WARPS][ROPE_MAX_DIM];
+    const u32 t = blockIdx.x;
+    const u32 pos = positions[t], slot = slots[t];
+    const bool store = pos < n_ctx;
+    const u32 half = n_rot / 2;
+    for (u32 i = threadIdx.x; i < half; i += blockDim.x) {
+        const float angle = (float)pos * inv_freq[i];
+        double s, c;
+        sincos((double)angle, &s, &c);
+        cos_sin[2 * i] = (float)c;
+        cos_sin[2 * i + 1] = (float)s;
+    }
+    __syncthreads();
+
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float* hb = head[warp];
+    const u32 hh = blockIdx.y * ROPE_WARPS + warp;
+    if (hh >= n_head + 2 * n_head_kv) return;
+    if (hh >= n_head + n_head_kv) {
+        // V head: converted and stored, nothing else.
+        const u32 g = hh - n_head - n_head_kv;
+        if (!store) return;
+        const float* src = v + ((u64)t * n_head_kv + g) * head_dim_v;
+        u16* dst = vcache + (((u64)slot * n_head_kv + g) * n_ctx + pos) * head_dim_v;
+        for (u32 e = lane; e < head_dim_v; e += 32) dst[e] = f32_to_f16(src[e]);
+        return;
+    }
+    const bool is_q = hh < n_head;
+    const u32 g = is_q ? hh : hh - n_head;
+    const float* src = is_q ? q + ((u64)t * n_head + g) * head_dim
+                            : k + ((u64)t * n_head_kv + g) * head_dim;
+    const float* w = is_q ? q_norm : k_norm;
+    float ss = 0.f;
+    for (u32 e = lane; e < head_dim; e += 32) {
+        const float x = src[e];
+        hb[e] = x;
+        ss += x * x;
+    }
+    if (w) {
+        const float scale = rsqrtf(warp_sum(ss) / (float)head_dim + eps);
+        for (u32 e = lane; e < head_dim; e += 32) hb[e] = hb[e] * scale * w[e];
+    }
+    __syncwarp();
+    // Partners come from the staged head, so the results can go straight out.
+    float* q_dst = q + ((u64)t * n_head + g) * head_dim;
+    u16* k_dst = kcache + (((u64)slot * n_head_kv + g) * n_ctx + pos) * head_dim;
+    if (!is_q && !store) return;
+    for (u32 e = lane; e < head_dim; e += 32) {
+        float y = hb[e];
+        if (e < n_rot) {
+            u32 i, a, b;
+            if (neox) {
+                i = e < half ? e : e - half;
+                a = i;
+                b = i + half;
+            } else {
+                i = e / 2;
+                a = 2 * i;
+                b = 2 * i + 1;
+            }
+            const float c = cos_sin[2 * i], s = cos_sin[2 * i + 1];
+            y = e == a ? hb[a] * c - hb[b] * s : hb[a] * s + hb[b] * c;
+        }
+        if (is_q) {
+            q_dst[e] = f16_to_f32(f32_to_f16(y));
+        } else {
+            k_dst[e] = f32_to_f16(y);
+        }
+    }
+}

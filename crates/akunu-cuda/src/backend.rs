@@ -1,0 +1,1084 @@
+//! The CUDA backend: the plan lowered once to fused kernel launches over device buffers.
+//!
+//! Plan: at creation, upload every weight the plan uses (matrices still quantized, norm
+//! weights, biases and RoPE tables as f32), allocate the activation rows for the largest batch,
+//! the f16 KV cache of every slot and the logits, and lower the op list to [`Step`]s, fusing
+//! what the plan spells out as several ops:
+//! - q/k/v (and any products of one input) share one activation preparation;
+//! - gate and up with the gated activation are one kernel for decode-sized batches;
+//! - QK-norm, RoPE of Q and K, and the KV-cache write are one kernel;
+//! - a block's optional post-norm, its residual add and the next norm are one kernel.
+//!
+//! A pass copies the batch's token ids, positions, slots and output rows into one device
+//! buffer and runs the steps; kernels read that metadata on the device, so the launches of a
+//! pass depend only on its token and output counts. Passes of decode size (at most
+//! `gemv_max_m` tokens) are captured once per (tokens, outputs) shape as a CUDA graph and
+//! replayed. Chain decode ([`CudaBackend::decode_chain`]) replays the one-token graph with the
+//! next token chosen on the device, reading tokens back once per chain.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use akunu_core::{Activation, Backend, Batch, Buf, EngineError, Model, Op, RopeStyle};
+use akunu_quant::GgmlType;
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::CudaGraph;
+
+use crate::gemm::{GemmKernels, GemmScratch};
+use crate::gpu::{Arg, DeviceBuffer, Gpu, Kernel};
+use crate::layers::LayerKernels;
+use crate::matmul::{ActScratch, DeviceMatrix, MatmulKernels};
+use crate::sample::SampleKernels;
+use crate::CudaError;
+
+/// How the backend is sized.
+#[derive(Clone, Debug)]
+pub struct CudaOptions {
+    /// Positions per slot.
+    pub n_ctx: usize,
+    pub n_slots: usize,
+    /// Most tokens per pass.
+    pub max_batch: usize,
+}
+
+struct Product {
+    w: usize,
+    bias: Option<DeviceBuffer>,
+    dst: Buf,
+}
+
+enum Step {
+    Embed {
+        table: usize,
+        scale: f32,
+    },
+    Norm {
+        src: Buf,
+        dst: Buf,
+        weight: DeviceBuffer,
+        group: usize,
+        eps: f32,
+    },
+    Products {
+        src: Buf,
+        items: Vec<Product>,
+    },
+    /// `Gate = act(gate · src) * (up · src)`.
+    Gated {
+        src: Buf,
+        gate: usize,
+        up: usize,
+        act: Activation,
+    },
+    QkRopeStore {
+        layer: usize,
+        q_norm: Option<DeviceBuffer>,
+        k_norm: Option<DeviceBuffer>,
+        eps: f32,
+        style: RopeStyle,
+        n_rot: usize,
+        inv_freq: DeviceBuffer,
+    },
+    Attention {
+        layer: usize,
+        scale: f32,
+        window: Option<usize>,
+        softcap: Option<f32>,
+    },
+    /// `Out = norm(Out)·post` (if any); `Residual += Out`; `Normed = norm(Residual)·next`;
+    /// then, with `select`, the output rows of `Normed` are gathered for the logits.
+    ResidualNorm {
+        post: Option<DeviceBuffer>,
+        next: DeviceBuffer,
+        eps: f32,
+        select: bool,
+    },
+    Logits {
+        w: usize,
+        softcap: Option<f32>,
+    },
+}
+
+/// A captured pass.
+struct Graph(CudaGraph);
+
+// SAFETY: a graph is only launched through `&mut CudaBackend`, so from one thread at a time,
+// and every launch binds the backend's context to the calling thread first.
+unsafe impl Send for Graph {}
+
+/// One layer's cache: `[slot][kv_head][position][dim]` f16 for K and for V.
+struct LayerKv {
+    k: DeviceBuffer,
+    v: DeviceBuffer,
+}
+
+/// Offsets (in u32s) of the batch metadata inside [`CudaBackend::meta`].
+struct MetaLayout {
+    tokens: usize,
+    positions: usize,
+    slots: usize,
+    outputs: usize,
+    len: usize,
+}
+
+pub struct CudaBackend {
+    gpu: Arc<Gpu>,
+    model: Arc<Model>,
+    opts: CudaOptions,
+    steps: Vec<Step>,
+    labels: Vec<String>,
+    /// Uploaded matrices by weight index (`None` for tensors that are not matrices).
+    matrices: Vec<Option<DeviceMatrix>>,
+    bufs: Vec<DeviceBuffer>,
+    widths: Vec<usize>,
+    /// The output rows of `Normed`, gathered for the logits.
+    selected: DeviceBuffer,
+    /// Activations prepared for the GEMV kernels (written by one step, read by the next ones).
+    acts: RefCell<ActScratch>,
+    gemm_x: GemmScratch,
+    kv: Vec<LayerKv>,
+    meta: DeviceBuffer,
+    meta_layout: MetaLayout,
+    meta_host: Vec<u32>,
+    logits_dev: DeviceBuffer,
+    logits: Vec<f32>,
+    mm: MatmulKernels,
+    gemm: GemmKernels,
+    layers: LayerKernels,
+    sampler: SampleKernels,
+    /// Captured passes by (tokens, outputs, chain step).
+    graphs: HashMap<(usize, usize, bool), Graph>,
+    chain_advance: Kernel,
+    /// The tokens a chain chose (one per position of the context at most) and their count.
+    chain_out: DeviceBuffer,
+    chain_counter: DeviceBuffer,
+    use_graphs: bool,
+    /// Per-step GPU time when profiling (events around each step, no graphs).
+    op_times: Option<Vec<f64>>,
+}
+
+fn backend_err(e: CudaError) -> EngineError {
+    EngineError::Backend(e.to_string())
+}
+
+impl CudaBackend {
+    pub fn new(
+        gpu: Arc<Gpu>,
+        model: Arc<Model>,
+        opts: CudaOptions,
+    ) -> Result<CudaBackend, EngineError> {
+        if opts.n_ctx == 0 || opts.n_slots == 0 || opts.max_batch == 0 {
+            return Err(EngineError::Backend(format!(
+                "context {}, slots {} and batch {} must all be positive",
+                opts.n_ctx, opts.n_slots, opts.max_batch
+            )));
+        }
+        Self::build(gpu, model, opts).map_err(backend_err)
+    }
+
+    fn build(
+        gpu: Arc<Gpu>,
+        model: Arc<Model>,
+        opts: CudaOptions,
+    ) -> Result<CudaBackend, CudaError> {
+        let c = model.config.clone();
+        let weights = model.weights();
+        let mut matrices: Vec<Option<DeviceMatrix>> = (0..weights.len()).map(|_| None).collect();
+        let mut types: Vec<GgmlType> = Vec::new();
+        for op in &model.plan.ops {
+            let id = match op {
+                Op::Embed { table, .. } => *table,
+                Op::MatMul { weight, .. } => *weight,
+                Op::Logits { weight, .. } => *weight,
+                _ => continue,
+            };
+            let i = id.0 as usize;
+            if matrices[i].is_none() {
+                let w = &weights[i];
+                let m = DeviceMatrix::upload(&gpu, w.ty, model.weight_bytes(id), w.rows, w.cols)
+                    .map_err(|e| CudaError::Unsupported(format!("{}: {e}", w.name)))?;
+                if !types.contains(&w.ty) {
+                    types.push(w.ty);
+                }
+                matrices[i] = Some(m);
+            }
+        }
+        let mm = MatmulKernels::new(&gpu, &types)?;
+        let gemm = GemmKernels::new(&gpu, &types)?;
+        let layers = LayerKernels::new(&gpu)?;
+        let sampler = SampleKernels::new(&gpu)?;
+
+        let f32_weight = |id| -> Result<DeviceBuffer, CudaError> {
+            let v = model
+                .weight_f32(id)
+                .map_err(|e| CudaError::Unsupported(e.to_string()))?;
+            gpu.upload(&v)
+        };
+        let (steps, labels) = lower(&model, &f32_weight, &gpu)?;
+
+        let widths: Vec<usize> = Buf::ALL.iter().map(|b| b.width(&c)).collect();
+        let bufs = widths
+            .iter()
+            .map(|w| gpu.alloc(w * opts.max_batch * 4))
+            .collect::<Result<Vec<_>, _>>()?;
+        let selected = gpu.alloc(c.n_embd * opts.max_batch * 4)?;
+        let max_cols = widths.iter().copied().max().unwrap_or(0);
+        let acts = RefCell::new(ActScratch::new(&gpu, gpu.chip.gemv_max_m, max_cols)?);
+        let gemm_x = GemmScratch::new(&gpu, opts.max_batch, max_cols)?;
+        let kv_bytes = |dim: usize| -> Result<usize, CudaError> {
+            opts.n_slots
+                .checked_mul(c.n_head_kv)
+                .and_then(|n| n.checked_mul(opts.n_ctx))
+                .and_then(|n| n.checked_mul(dim * 2))
+                .ok_or_else(|| CudaError::Bounds("KV cache size overflows".into()))
+        };
+        let (kb, vb) = (kv_bytes(c.head_dim)?, kv_bytes(c.head_dim_v)?);
+        let kv = (0..c.n_layer)
+            .map(|_| {
+                Ok(LayerKv {
+                    k: gpu.alloc(kb)?,
+                    v: gpu.alloc(vb)?,
+                })
+            })
+            .collect::<Result<Vec<_>, CudaError>>()?;
+        let mb = opts.max_batch;
+        let meta_layout = MetaLayout {
+            tokens: 0,
+            positions: mb,
+            slots: 2 * mb,
+            outputs: 3 * mb,
+            len: 4 * mb,
+        };
+        let meta = gpu.alloc(meta_layout.len * 4)?;
+        let logits_dev = gpu.alloc(mb * c.n_vocab * 4)?;
+        let chain_advance = gpu.kernel("chain.cu", "chain_advance", &[])?;
+        let chain_out = gpu.alloc(opts.n_ctx * 4)?;
+        let chain_counter = gpu.alloc(4)?;
+        Ok(CudaBackend {
+            gpu,
+            model,
+            opts,
+            steps,
+            labels,
+            matrices,
+            bufs,
+            widths,
+            selected,
+            acts,
+            gemm_x,
+            kv,
+            meta,
+            meta_host: vec![0; meta_layout.len],
+            meta_layout,
+            logits_dev,
+            logits: Vec::new(),
+            mm,
+            gemm,
+            layers,
+            sampler,
+            graphs: HashMap::new(),
+            chain_advance,
+            chain_out,
+            chain_counter,
+            use_graphs: std::env::var("AKUNU_NO_GRAPHS").is_err(),
+            op_times: None,
+        })
+    }
+
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// Bytes of weights on the device.
+    pub fn weight_bytes(&self) -> usize {
+        self.matrices
+            .iter()
+            .flatten()
+            .map(|m| m.device_bytes())
+            .sum()
+    }
+
+    /// Starts (or stops) timing every step with device events; passes then run without graphs.
+    pub fn set_profiling(&mut self, on: bool) {
+        self.op_times = on.then(|| vec![0.0; self.steps.len()]);
+    }
+
+    /// A label per lowered step, in execution order.
+    pub fn op_labels(&self) -> &[String] {
+        &self.labels
+    }
+
+    /// Milliseconds of GPU time per step since profiling was turned on.
+    pub fn op_times_ms(&self) -> Option<&[f64]> {
+        self.op_times.as_deref()
+    }
+
+    fn check(&self, batch: &Batch) -> Result<(), EngineError> {
+        let n = batch.tokens.len();
+        if n == 0 || n > self.opts.max_batch {
+            return Err(EngineError::BadBatch(format!(
+                "{n} tokens (1..={} per pass)",
+                self.opts.max_batch
+            )));
+        }
+        if batch.positions.len() != n || batch.slots.len() != n {
+            return Err(EngineError::BadBatch(
+                "tokens, positions and slots differ in length".into(),
+            ));
+        }
+        let n_vocab = self.model.config.n_vocab;
+        for i in 0..n {
+            if batch.tokens[i] as usize >= n_vocab {
+                return Err(EngineError::BadToken {
+                    id: batch.tokens[i],
+                    n_vocab,
+                });
+            }
+            if batch.slots[i] as usize >= self.opts.n_slots {
+                return Err(EngineError::BadSlot {
+                    slot: batch.slots[i] as usize,
+                    n_slots: self.opts.n_slots,
+                });
+            }
+            if batch.positions[i] as usize >= self.opts.n_ctx {
+                return Err(EngineError::BadBatch(format!(
+                    "position {} is outside the context of {}",
+                    batch.positions[i], self.opts.n_ctx
+                )));
+            }
+        }
+        if batch.outputs.windows(2).any(|w| w[0] >= w[1])
+            || batch.outputs.last().is_some_and(|&o| o as usize >= n)
+        {
+            return Err(EngineError::BadBatch(
+                "outputs must be ascending row indices of the batch".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn upload_meta(&mut self, batch: &Batch) -> Result<(), CudaError> {
+        let l = &self.meta_layout;
+        let n = batch.tokens.len();
+        self.meta_host[l.tokens..l.tokens + n].copy_from_slice(batch.tokens);
+        self.meta_host[l.positions..l.positions + n].copy_from_slice(batch.positions);
+        self.meta_host[l.slots..l.slots + n].copy_from_slice(batch.slots);
+        let o = batch.outputs.len();
+        self.meta_host[l.outputs..l.outputs + o].copy_from_slice(batch.outputs);
+        self.gpu.write(&self.meta, 0, &self.meta_host)
+    }
+
+    fn meta_ptr(&self, offset: usize) -> u64 {
+        self.meta.at(offset * 4)
+    }
+
+    fn buf(&self, b: Buf) -> u64 {
+        self.bufs[b as usize].ptr()
+    }
+
+    /// Launches every step for `m` tokens and `n_out` output rows.
+    fn launch_pass(&mut self, m: usize, n_out: usize) -> Result<(), CudaError> {
+        let profiling = self.op_times.is_some();
+        let mut events = Vec::new();
+        for i in 0..self.steps.len() {
+            if profiling {
+                let ev = self
+                    .gpu
+                    .context()
+                    .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                    .map_err(|e| CudaError::driver("creating an event", e))?;
+                ev.record(self.gpu.stream())
+                    .map_err(|e| CudaError::driver("recording an event", e))?;
+                events.push(ev);
+            }
+            self.launch_step(i, m, n_out)?;
+        }
+        if profiling {
+            let end = self
+                .gpu
+                .context()
+                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(|e| CudaError::driver("creating an event", e))?;
+            end.record(self.gpu.stream())
+                .map_err(|e| CudaError::driver("recording an event", e))?;
+            events.push(end);
+            self.gpu.sync()?;
+            let times = self.op_times.as_mut().expect("profiling");
+            for (i, w) in events.windows(2).enumerate() {
+                times[i] += w[0]
+                    .elapsed_ms(&w[1])
+                    .map_err(|e| CudaError::driver("reading an event", e))?
+                    as f64;
+            }
+        }
+        Ok(())
+    }
+
+    fn matrix(&self, w: usize) -> &DeviceMatrix {
+        self.matrices[w]
+            .as_ref()
+            .expect("lowered steps name uploaded matrices")
+    }
+
+    fn launch_step(&self, i: usize, m: usize, n_out: usize) -> Result<(), CudaError> {
+        let c = &self.model.config;
+        let gpu = &self.gpu;
+        let l = &self.meta_layout;
+        let small = m <= gpu.chip.gemv_max_m;
+        let step = &self.steps[i];
+        // Without output rows, nothing after the last layer's attention block is needed.
+        if n_out == 0
+            && matches!(
+                step,
+                Step::Logits { .. } | Step::ResidualNorm { select: true, .. }
+            )
+        {
+            return Ok(());
+        }
+        match step {
+            Step::Embed { table, scale } => crate::matmul::embed(
+                gpu,
+                &self.mm,
+                self.matrix(*table),
+                self.meta_ptr(l.tokens),
+                m,
+                self.buf(Buf::Residual),
+                *scale,
+            ),
+            Step::Norm {
+                src,
+                dst,
+                weight,
+                group,
+                eps,
+            } => {
+                let width = self.widths[*dst as usize];
+                self.layers.rms_norm(
+                    gpu,
+                    self.buf(*src),
+                    self.buf(*dst),
+                    weight.ptr(),
+                    m * width / group,
+                    *group,
+                    *eps,
+                )
+            }
+            Step::Products { src, items } => {
+                let width = self.widths[*src as usize];
+                if !small {
+                    crate::gemm::prepare(
+                        gpu,
+                        &self.gemm,
+                        self.buf(*src),
+                        width,
+                        m,
+                        width,
+                        &self.gemm_x,
+                    )?;
+                }
+                if small {
+                    self.acts.borrow_mut().prepare(
+                        gpu,
+                        &self.mm,
+                        self.buf(*src),
+                        width,
+                        m,
+                        width,
+                    )?;
+                }
+                for p in items {
+                    let w = self.matrix(p.w);
+                    let out_w = self.widths[p.dst as usize];
+                    let bias = p.bias.as_ref().map(|b| b.ptr());
+                    if small {
+                        crate::matmul::gemv(
+                            gpu,
+                            &self.mm,
+                            w,
+                            &self.acts.borrow(),
+                            m,
+                            self.buf(p.dst),
+                            out_w,
+                            bias,
+                        )?;
+                    } else {
+                        crate::gemm::gemm_prepared(
+                            gpu,
+                            &self.gemm,
+                            w,
+                            &self.gemm_x,
+                            self.buf(p.dst),
+                            out_w,
+                            bias,
+                        )?;
+                    }
+                }
+                Ok(())
+            }
+            Step::Gated { src, gate, up, act } => {
+                let width = self.widths[*src as usize];
+                let (g, u) = (self.matrix(*gate), self.matrix(*up));
+                if small {
+                    self.acts.borrow_mut().prepare(
+                        gpu,
+                        &self.mm,
+                        self.buf(*src),
+                        width,
+                        m,
+                        width,
+                    )?;
+                    crate::matmul::gemv_gated(
+                        gpu,
+                        &self.mm,
+                        g,
+                        u,
+                        &self.acts.borrow(),
+                        m,
+                        self.buf(Buf::Gate),
+                        c.n_ff,
+                        *act,
+                    )
+                } else {
+                    let x = self.buf(*src);
+                    let s = &self.gemm_x;
+                    crate::gemm::prepare(gpu, &self.gemm, x, width, m, width, s)?;
+                    crate::gemm::gemm_prepared(
+                        gpu,
+                        &self.gemm,
+                        g,
+                        s,
+                        self.buf(Buf::Gate),
+                        c.n_ff,
+                        None,
+                    )?;
+                    crate::gemm::gemm_prepared(
+                        gpu,
+                        &self.gemm,
+                        u,
+                        s,
+                        self.buf(Buf::Up),
+                        c.n_ff,
+                        None,
+                    )?;
+                    self.layers.gated_act(
+                        gpu,
+                        self.buf(Buf::Gate),
+                        self.buf(Buf::Up),
+                        m * c.n_ff,
+                        *act,
+                    )
+                }
+            }
+            Step::QkRopeStore {
+                layer,
+                q_norm,
+                k_norm,
+                eps,
+                style,
+                n_rot,
+                inv_freq,
+            } => {
+                let kv = &self.kv[*layer];
+                self.layers.qk_rope_store(
+                    gpu,
+                    &crate::layers::QkRopeStore {
+                        q: self.buf(Buf::Q),
+                        k: self.buf(Buf::K),
+                        v: self.buf(Buf::V),
+                        m,
+                        n_head: c.n_head,
+                        n_head_kv: c.n_head_kv,
+                        head_dim: c.head_dim,
+                        head_dim_v: c.head_dim_v,
+                        q_norm: q_norm.as_ref().map(|b| b.ptr()),
+                        k_norm: k_norm.as_ref().map(|b| b.ptr()),
+                        eps: *eps,
+                        style: *style,
+                        n_rot: *n_rot,
+                        inv_freq: inv_freq.ptr(),
+                        positions: self.meta_ptr(l.positions),
+                        slots: self.meta_ptr(l.slots),
+                        k_cache: kv.k.ptr(),
+                        v_cache: kv.v.ptr(),
+                        n_ctx: self.opts.n_ctx,
+                    },
+                )
+            }
+            Step::Attention {
+                layer,
+                scale,
+                window,
+                softcap,
+            } => {
+                let kv = &self.kv[*layer];
+                self.layers.attention(
+                    gpu,
+                    &crate::layers::AttentionArgs {
+                        q: self.buf(Buf::Q),
+                        k_cache: kv.k.ptr(),
+                        v_cache: kv.v.ptr(),
+                        out: self.buf(Buf::Attn),
+                        m,
+                        slots: self.meta_ptr(l.slots),
+                        positions: self.meta_ptr(l.positions),
+                        n_head: c.n_head,
+                        n_head_kv: c.n_head_kv,
+                        head_dim: c.head_dim,
+                        head_dim_v: c.head_dim_v,
+                        n_ctx: self.opts.n_ctx,
+                        scale: *scale,
+                        window: *window,
+                        softcap: *softcap,
+                    },
+                )
+            }
+            Step::ResidualNorm {
+                post,
+                next,
+                eps,
+                select,
+            } => {
+                self.layers.add_rms_norm(
+                    gpu,
+                    self.buf(Buf::Residual),
+                    self.buf(Buf::Out),
+                    post.as_ref().map(|b| b.ptr()),
+                    next.ptr(),
+                    self.buf(Buf::Normed),
+                    m,
+                    c.n_embd,
+                    *eps,
+                )?;
+                if *select {
+                    self.layers.gather_rows(
+                        gpu,
+                        self.buf(Buf::Normed),
+                        self.selected.ptr(),
+                        self.meta_ptr(l.outputs),
+                        n_out,
+                        c.n_embd,
+                    )?;
+                }
+                Ok(())
+            }
+            Step::Logits { w, softcap } => {
+                let w = self.matrix(*w);
+                let n_vocab = c.n_vocab;
+                if n_out <= gpu.chip.gemv_max_m {
+                    self.acts.borrow_mut().prepare(
+                        gpu,
+                        &self.mm,
+                        self.selected.ptr(),
+                        c.n_embd,
+                        n_out,
+                        c.n_embd,
+                    )?;
+                    crate::matmul::gemv(
+                        gpu,
+                        &self.mm,
+                        w,
+                        &self.acts.borrow(),
+                        n_out,
+                        self.logits_dev.ptr(),
+                        n_vocab,
+                        None,
+                    )?;
+                } else {
+                    crate::gemm::gemm(
+                        gpu,
+                        &self.gemm,
+                        w,
+                        self.selected.ptr(),
+                        c.n_embd,
+                        n_out,
+                        self.logits_dev.ptr(),
+                        n_vocab,
+                        None,
+                        &self.gemm_x,
+                    )?;
+                }
+                if let Some(cap) = softcap {
+                    self.layers
+                        .softcap(gpu, self.logits_dev.ptr(), n_out * n_vocab, *cap)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Launches the pass, plus with `chain` the device-side token choice and position step.
+    fn launch_all(&mut self, m: usize, n_out: usize, chain: bool) -> Result<(), CudaError> {
+        self.launch_pass(m, n_out)?;
+        if chain {
+            let l = &self.meta_layout;
+            let (tokens, positions) = (self.meta_ptr(l.tokens), self.meta_ptr(l.positions));
+            self.sampler.argmax(
+                &self.gpu,
+                self.logits_dev.ptr(),
+                1,
+                self.model.config.n_vocab,
+                tokens,
+            )?;
+            self.gpu.launch(
+                &self.chain_advance,
+                (1, 1, 1),
+                (32, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(tokens),
+                    Arg::Ptr(positions),
+                    Arg::Ptr(self.chain_out.ptr()),
+                    Arg::Ptr(self.chain_counter.ptr()),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Runs the pass for the metadata already on the device, replaying a captured graph when
+    /// the pass is decode-sized.
+    fn run(&mut self, m: usize, n_out: usize, chain: bool) -> Result<(), CudaError> {
+        let graphable = self.use_graphs
+            && self.op_times.is_none()
+            && m <= self.gpu.chip.gemv_max_m
+            && n_out <= self.gpu.chip.gemv_max_m;
+        if !graphable {
+            return self.launch_all(m, n_out, chain);
+        }
+        let key = (m, n_out, chain);
+        if !self.graphs.contains_key(&key) {
+            let stream = self.gpu.stream().clone();
+            stream
+                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(|e| CudaError::driver("starting graph capture", e))?;
+            let launched = self.launch_all(m, n_out, chain);
+            let graph = stream
+                .end_capture(CUgraphInstantiate_flags(0))
+                .map_err(|e| CudaError::driver("ending graph capture", e))?;
+            launched?;
+            let graph = graph
+                .ok_or_else(|| CudaError::Unsupported("graph capture gave no graph".into()))?;
+            self.graphs.insert(key, Graph(graph));
+        }
+        self.gpu.bind()?;
+        self.graphs[&key]
+            .0
+            .launch()
+            .map_err(|e| CudaError::driver("replaying a decode graph", e))
+    }
+
+    fn chain(
+        &mut self,
+        slot: usize,
+        token: u32,
+        pos: usize,
+        n: usize,
+    ) -> Result<Vec<u32>, CudaError> {
+        let batch = Batch {
+            tokens: &[token],
+            positions: &[pos as u32],
+            slots: &[slot as u32],
+            outputs: &[0],
+        };
+        self.upload_meta(&batch)?;
+        self.gpu.write(&self.chain_counter, 0, &[0u32])?;
+        for _ in 0..n {
+            self.run(1, 1, true)?;
+        }
+        let mut tokens = vec![0u32; n];
+        self.gpu.read(&self.chain_out, 0, &mut tokens)?;
+        Ok(tokens)
+    }
+}
+
+impl Backend for CudaBackend {
+    fn describe(&self) -> String {
+        format!(
+            "CUDA, {} ({} SMs, {})",
+            self.gpu.chip.name, self.gpu.chip.sm_count, self.gpu.chip.arch
+        )
+    }
+
+    fn max_batch(&self) -> usize {
+        self.opts.max_batch
+    }
+
+    fn n_ctx(&self) -> usize {
+        self.opts.n_ctx
+    }
+
+    fn n_slots(&self) -> usize {
+        self.opts.n_slots
+    }
+
+    fn forward(&mut self, batch: &Batch) -> Result<(), EngineError> {
+        self.check(batch)?;
+        let (m, n_out) = (batch.tokens.len(), batch.outputs.len());
+        self.upload_meta(batch).map_err(backend_err)?;
+        self.run(m, n_out, false).map_err(backend_err)?;
+        let n_vocab = self.model.config.n_vocab;
+        self.logits.resize(n_out * n_vocab, 0.0);
+        self.gpu
+            .read(&self.logits_dev, 0, &mut self.logits)
+            .map_err(backend_err)
+    }
+
+    fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+
+    fn chain_lengths(&self) -> Option<(usize, usize)> {
+        let c = &self.gpu.chip;
+        Some((c.first_chain.max(1), c.chain.max(1)))
+    }
+
+    /// Feeds `token` at `pos`, then each argmax (chosen on the device) at the following
+    /// positions; the host reads the `n` tokens back once.
+    fn greedy_chain(
+        &mut self,
+        slot: usize,
+        token: u32,
+        pos: usize,
+        n: usize,
+    ) -> Result<Vec<u32>, EngineError> {
+        let n_vocab = self.model.config.n_vocab;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        if pos + n > self.opts.n_ctx || slot >= self.opts.n_slots || token as usize >= n_vocab {
+            return Err(EngineError::BadBatch(format!(
+                "chain of {n} from position {pos} in slot {slot} does not fit"
+            )));
+        }
+        self.chain(slot, token, pos, n).map_err(backend_err)
+    }
+}
+
+/// Lowers the plan to fused steps; returns them with a label each.
+fn lower(
+    model: &Model,
+    f32_weight: &dyn Fn(akunu_core::WeightId) -> Result<DeviceBuffer, CudaError>,
+    gpu: &Gpu,
+) -> Result<(Vec<Step>, Vec<String>), CudaError> {
+    let ops = &model.plan.ops;
+    let names = &model.plan.labels;
+    let mut steps = Vec::new();
+    let mut labels = Vec::new();
+    let order = |i: usize, what: &str| {
+        CudaError::Unsupported(format!(
+            "the CUDA backend expects {what} at op {i} ({})",
+            names.get(i).map_or("end", String::as_str)
+        ))
+    };
+    let mut i = 0;
+    while i < ops.len() {
+        let label = names[i].clone();
+        match &ops[i] {
+            Op::Embed { table, scale } => {
+                steps.push(Step::Embed {
+                    table: table.0 as usize,
+                    scale: *scale,
+                });
+                labels.push(label);
+                i += 1;
+            }
+            Op::RmsNorm {
+                src: Buf::Residual,
+                dst: Buf::Normed,
+                weight,
+                group,
+                eps,
+            } => {
+                steps.push(Step::Norm {
+                    src: Buf::Residual,
+                    dst: Buf::Normed,
+                    weight: f32_weight(*weight)?,
+                    group: *group,
+                    eps: *eps,
+                });
+                labels.push(label);
+                i += 1;
+            }
+            Op::MatMul { src, .. } => {
+                let src = *src;
+                let mut j = i;
+                let mut items = Vec::new();
+                while let Some(Op::MatMul {
+                    weight,
+                    bias,
+                    src: s,
+                    dst,
+                }) = ops.get(j)
+                {
+                    if *s != src {
+                        break;
+                    }
+                    items.push(Product {
+                        w: weight.0 as usize,
+                        bias: bias.map(f32_weight).transpose()?,
+                        dst: *dst,
+                    });
+                    j += 1;
+                }
+                let joined = names[i..j]
+                    .iter()
+                    .map(|n| n.rsplit('.').next().unwrap_or(n))
+                    .collect::<Vec<_>>()
+                    .join("+");
+                let prefix = label.rsplit_once('.').map_or("", |(p, _)| p);
+                let label = if prefix.is_empty() {
+                    joined
+                } else {
+                    format!("{prefix}.{joined}")
+                };
+                let gated = match (items.as_slice(), ops.get(j)) {
+                    ([g, u], Some(Op::GatedActivation { act }))
+                        if g.dst == Buf::Gate
+                            && u.dst == Buf::Up
+                            && g.bias.is_none()
+                            && u.bias.is_none() =>
+                    {
+                        Some((g.w, u.w, *act))
+                    }
+                    _ => None,
+                };
+                if let Some((gate, up, act)) = gated {
+                    steps.push(Step::Gated { src, gate, up, act });
+                    labels.push(format!("{label}+act"));
+                    i = j + 1;
+                } else {
+                    steps.push(Step::Products { src, items });
+                    labels.push(label);
+                    i = j;
+                }
+            }
+            Op::RmsNorm { src: Buf::Q, .. } | Op::Rope { .. } => {
+                let mut j = i;
+                let mut q_norm = None;
+                let mut k_norm = None;
+                let mut eps = 1e-6;
+                while let Some(Op::RmsNorm {
+                    src,
+                    dst,
+                    weight,
+                    group,
+                    eps: e,
+                }) = ops.get(j)
+                {
+                    if src != dst || *group != model.config.head_dim {
+                        return Err(order(j, "a per-head QK-norm"));
+                    }
+                    match src {
+                        Buf::Q => q_norm = Some(f32_weight(*weight)?),
+                        Buf::K => k_norm = Some(f32_weight(*weight)?),
+                        _ => return Err(order(j, "a QK-norm of Q or K")),
+                    }
+                    eps = *e;
+                    j += 1;
+                }
+                match (ops.get(j), ops.get(j + 1), ops.get(j + 2)) {
+                    (
+                        Some(Op::Rope { buf: Buf::Q, rope }),
+                        Some(Op::Rope {
+                            buf: Buf::K,
+                            rope: rk,
+                        }),
+                        Some(Op::StoreKv { layer }),
+                    ) if rope == rk && rope.head_dim == model.config.head_dim => {
+                        steps.push(Step::QkRopeStore {
+                            layer: *layer,
+                            q_norm,
+                            k_norm,
+                            eps,
+                            style: rope.style,
+                            n_rot: rope.n_rot,
+                            inv_freq: gpu.upload(&rope.inv_freq)?,
+                        });
+                        labels.push(format!("blk.{layer}.qk_rope_kv"));
+                    }
+                    _ => return Err(order(j, "RoPE of Q and K, then the KV store")),
+                }
+                i = j + 3;
+            }
+            Op::Attention {
+                layer,
+                scale,
+                window,
+                softcap,
+            } => {
+                steps.push(Step::Attention {
+                    layer: *layer,
+                    scale: *scale,
+                    window: *window,
+                    softcap: *softcap,
+                });
+                labels.push(label);
+                i += 1;
+            }
+            Op::RmsNorm { src: Buf::Out, .. } | Op::AddResidual { .. } => {
+                let mut j = i;
+                let mut post = None;
+                let mut eps = None;
+                if let Op::RmsNorm {
+                    src: Buf::Out,
+                    dst: Buf::Out,
+                    weight,
+                    eps: e,
+                    ..
+                } = &ops[j]
+                {
+                    post = Some(f32_weight(*weight)?);
+                    eps = Some(*e);
+                    j += 1;
+                }
+                if !matches!(ops.get(j), Some(Op::AddResidual { src: Buf::Out })) {
+                    return Err(order(j, "the residual add of the block output"));
+                }
+                j += 1;
+                let select = matches!(ops.get(j), Some(Op::SelectOutputs));
+                if select {
+                    j += 1;
+                }
+                let Some(Op::RmsNorm {
+                    src: Buf::Residual,
+                    dst: Buf::Normed,
+                    weight,
+                    eps: e,
+                    ..
+                }) = ops.get(j)
+                else {
+                    return Err(order(j, "a norm after the residual add"));
+                };
+                if eps.is_some_and(|p| p != *e) {
+                    return Err(order(j, "one epsilon for the fused norms"));
+                }
+                steps.push(Step::ResidualNorm {
+                    post,
+                    next: f32_weight(*weight)?,
+                    eps: *e,
+                    select,
+                });
+                labels.push(format!(
+                    "{label}+{}",
+                    names[j].rsplit('.').next().unwrap_or("")
+                ));
+                i = j + 1;
+            }
+            Op::Logits { weight, softcap } => {
+                steps.push(Step::Logits {
+                    w: weight.0 as usize,
+                    softcap: *softcap,
+                });
+                labels.push(label);
+                i += 1;
+            }
+            _ => return Err(order(i, "an op this backend fuses")),
+        }
+    }
+    Ok((steps, labels))
+}

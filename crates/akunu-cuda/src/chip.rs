@@ -1,0 +1,108 @@
+//! ChipConfig: every tuning number of the CUDA backend, derived from the device's properties
+//! in one place.
+//!
+//! Each number can be overridden for experiments with `AKUNU_CHIP_<NAME>` (upper case), e.g.
+//! `AKUNU_CHIP_CHAIN=32`, so tuning never needs a rebuild.
+
+use cudarc::driver::sys::CUdevice_attribute as A;
+use cudarc::driver::CudaContext;
+
+use crate::CudaError;
+
+#[derive(Clone, Debug)]
+pub struct ChipConfig {
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    /// NVRTC architecture: `sm_90a` on Hopper (wgmma and TMA), `sm_XY` elsewhere.
+    pub arch: String,
+    pub sm_count: usize,
+    pub l2_bytes: usize,
+    /// Shared memory a block may opt into.
+    pub smem_per_block: usize,
+    pub total_memory: usize,
+    /// Tokens decoded per chain (one host round trip per chain).
+    pub chain: usize,
+    /// Tokens of the first chain of a generation, so the first words show at once.
+    pub first_chain: usize,
+    /// Warps per block of the GEMV kernels.
+    pub gemv_warps: usize,
+    /// Largest batch served by the GEMV kernels; larger batches use the tiled GEMM.
+    pub gemv_max_m: usize,
+}
+
+fn env_override(name: &str, default: usize) -> usize {
+    std::env::var(format!("AKUNU_CHIP_{}", name.to_ascii_uppercase()))
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+impl ChipConfig {
+    pub fn from_context(ctx: &CudaContext) -> Result<ChipConfig, CudaError> {
+        let attr = |a: A, what: &str| {
+            ctx.attribute(a)
+                .map_err(|e| CudaError::driver(&format!("reading the device's {what}"), e))
+        };
+        let major = attr(
+            A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+            "compute capability",
+        )?;
+        let minor = attr(
+            A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+            "compute capability",
+        )?;
+        let sm_count = attr(
+            A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            "multiprocessors",
+        )? as usize;
+        let l2_bytes = attr(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, "L2 size")? as usize;
+        let smem_per_block = attr(
+            A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            "shared memory",
+        )? as usize;
+        let name = ctx
+            .name()
+            .map_err(|e| CudaError::driver("reading the device's name", e))?;
+        let total_memory = ctx
+            .total_mem()
+            .map_err(|e| CudaError::driver("reading the device's memory", e))?;
+        Ok(ChipConfig::derive(
+            name,
+            (major, minor),
+            sm_count,
+            l2_bytes,
+            smem_per_block,
+            total_memory,
+        ))
+    }
+
+    /// The tuning for a device with these properties.
+    pub fn derive(
+        name: String,
+        compute_capability: (i32, i32),
+        sm_count: usize,
+        l2_bytes: usize,
+        smem_per_block: usize,
+        total_memory: usize,
+    ) -> ChipConfig {
+        let (major, minor) = compute_capability;
+        let arch = if major == 9 && minor == 0 {
+            "sm_90a".to_string()
+        } else {
+            format!("sm_{major}{minor}")
+        };
+        ChipConfig {
+            name,
+            compute_capability,
+            arch,
+            sm_count,
+            l2_bytes,
+            smem_per_block,
+            total_memory,
+            chain: env_override("chain", 64),
+            first_chain: env_override("first_chain", 4),
+            gemv_warps: env_override("gemv_warps", 4),
+            gemv_max_m: env_override("gemv_max_m", 16).clamp(1, 16),
+        }
+    }
+}

@@ -1,0 +1,340 @@
+//! Prefill matrix products on tensor cores: `Y[t][r] = Σ_c W[r][c]·X[t][c] (+ bias[r])` for
+//! many tokens at once, with the weights still quantized.
+//!
+//! Plan (details in `kernels/gemm.cu`): [`prepare`] converts the f32 activations once into an
+//! f16 copy in a [`GemmScratch`] (each token row scaled by a power of two that keeps it inside
+//! f16's range), so products that share an input (q/k/v, gate/up) convert it once; then
+//! [`gemm_prepared`] runs one block per tile of 128 (or 64) tokens × 128 weight rows. A block
+//! dequantizes its weight rows 64 columns at a time into shared memory as f16 (quant.cuh's
+//! `dequant32`), streams the activation tile in with `cp.async`, and multiplies with
+//! `mma.sync.m16n8k16` (f16 operands, f32 accumulation), double-buffered. [`gemm`] does both
+//! steps. Any `m ≥ 1`, any number of rows and any `cols` that is a multiple of 32 are handled;
+//! no launch allocates or synchronizes.
+
+use std::sync::{Arc, Mutex};
+
+use akunu_quant::GgmlType;
+
+use crate::gpu::{Arg, DeviceBuffer, Gpu, Kernel};
+use crate::matmul::DeviceMatrix;
+use crate::CudaError;
+
+/// Every weight type the GEMM kernels are compiled for.
+pub const TYPES: &[GgmlType] = &[
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
+];
+
+const FILE: &str = "gemm.cu";
+const THREADS: u32 = 256;
+/// Weight rows per block (the kernels' `GEMM_BN`).
+const BN: usize = 128;
+/// Bytes of one shared-memory tile row: 64 f16 of K.
+const TILE_ROW_BYTES: usize = 128;
+/// Alignment of the f32 scale array behind the f16 activations in the scratch.
+const SCALE_ALIGN: usize = 256;
+
+fn defines(ty: GgmlType) -> Vec<(&'static str, String)> {
+    vec![("QTYPE", (ty as u32).to_string())]
+}
+
+/// Every module variant [`GemmKernels::new`] can ask for: `gemm.cu` once per weight type.
+pub fn modules() -> Vec<(&'static str, Vec<(&'static str, String)>)> {
+    TYPES.iter().map(|&t| (FILE, defines(t))).collect()
+}
+
+/// Dynamic shared memory of the kernel with `bm` tokens per block: two stages of an activation
+/// tile (`bm` rows) and a weight tile (128 rows), 128 bytes a row.
+fn smem_bytes(bm: usize) -> usize {
+    2 * (bm + BN) * TILE_ROW_BYTES
+}
+
+/// Tokens per block tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmTile {
+    /// 128-token tiles once they alone give every SM a block, else 64-token tiles (two blocks
+    /// per SM) for fewer tokens or fewer rows.
+    Auto,
+    Tokens64,
+    Tokens128,
+}
+
+struct TypeKernels {
+    ty: GgmlType,
+    m128: Kernel,
+    m64: Kernel,
+}
+
+/// The GEMM kernels for a set of weight types, resolved once.
+pub struct GemmKernels {
+    prep: Kernel,
+    types: Vec<TypeKernels>,
+    sm_count: usize,
+    tile: GemmTile,
+}
+
+impl GemmKernels {
+    /// Compiles (or loads) the kernels for `types`; the activation conversion comes from the
+    /// first type's module (F32's when `types` is empty).
+    pub fn new(gpu: &Arc<Gpu>, types: &[GgmlType]) -> Result<GemmKernels, CudaError> {
+        let (major, _) = gpu.chip.compute_capability;
+        if major < 8 {
+            return Err(CudaError::Unsupported(format!(
+                "tensor-core GEMM needs compute capability 8.0 or newer (cp.async, mma.sync); \
+                 this GPU is {}.{}",
+                gpu.chip.compute_capability.0, gpu.chip.compute_capability.1
+            )));
+        }
+        let need = smem_bytes(128);
+        if gpu.chip.smem_per_block < need {
+            return Err(CudaError::Unsupported(format!(
+                "the GEMM needs {need} bytes of shared memory per block, the GPU allows {}",
+                gpu.chip.smem_per_block
+            )));
+        }
+        let mut list: Vec<TypeKernels> = Vec::new();
+        for &ty in types {
+            if list.iter().any(|k| k.ty == ty) {
+                continue;
+            }
+            if !TYPES.contains(&ty) {
+                return Err(CudaError::Unsupported(format!(
+                    "no GEMM kernel for {ty} weights"
+                )));
+            }
+            let d = defines(ty);
+            let m128 = gpu.kernel(FILE, "gemm_m128", &d)?;
+            m128.set_max_dynamic_smem(smem_bytes(128))?;
+            let m64 = gpu.kernel(FILE, "gemm_m64", &d)?;
+            m64.set_max_dynamic_smem(smem_bytes(64))?;
+            list.push(TypeKernels { ty, m128, m64 });
+        }
+        let prep_ty = types.first().copied().unwrap_or(GgmlType::F32);
+        let prep = gpu.kernel(FILE, "gemm_prep_x", &defines(prep_ty))?;
+        Ok(GemmKernels {
+            prep,
+            types: list,
+            sm_count: gpu.chip.sm_count,
+            tile: GemmTile::Auto,
+        })
+    }
+
+    /// Fixes the tile size (for tuning and tests); [`GemmTile::Auto`] by default.
+    pub fn set_tile(&mut self, tile: GemmTile) {
+        self.tile = tile;
+    }
+
+    fn for_type(&self, ty: GgmlType) -> Result<&TypeKernels, CudaError> {
+        self.types
+            .iter()
+            .find(|k| k.ty == ty)
+            .ok_or_else(|| CudaError::Unsupported(format!("GEMM kernels were not built for {ty}")))
+    }
+}
+
+/// Device scratch for the f16 copy of the activations (`max_m` × `max_cols`) and one f32 scale
+/// per token; remembers the shape [`prepare`] last put there (launches are ordered on the one
+/// stream, so that is what the following products read).
+pub struct GemmScratch {
+    buf: DeviceBuffer,
+    max_m: usize,
+    max_cols: usize,
+    scale_offset: usize,
+    prepared: Mutex<Option<(usize, usize)>>,
+}
+
+impl GemmScratch {
+    pub fn new(gpu: &Gpu, max_m: usize, max_cols: usize) -> Result<GemmScratch, CudaError> {
+        let too_big = || CudaError::Bounds(format!("GEMM scratch of {max_m} x {max_cols}"));
+        let half_bytes = max_m
+            .checked_mul(max_cols)
+            .and_then(|n| n.checked_mul(2))
+            .ok_or_else(too_big)?;
+        let scale_offset = half_bytes.div_ceil(SCALE_ALIGN) * SCALE_ALIGN;
+        let total = max_m
+            .checked_mul(4)
+            .and_then(|n| n.checked_add(scale_offset))
+            .ok_or_else(too_big)?;
+        Ok(GemmScratch {
+            buf: gpu.alloc(total)?,
+            max_m,
+            max_cols,
+            scale_offset,
+            prepared: Mutex::new(None),
+        })
+    }
+
+    /// `(m, cols)` of the activations [`prepare`] last converted.
+    pub fn prepared(&self) -> Option<(usize, usize)> {
+        *self.prepared.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set_prepared(&self, shape: Option<(usize, usize)>) {
+        *self.prepared.lock().unwrap_or_else(|e| e.into_inner()) = shape;
+    }
+
+    fn halves(&self) -> u64 {
+        self.buf.ptr()
+    }
+
+    fn scales(&self) -> u64 {
+        self.buf.at(self.scale_offset)
+    }
+}
+
+fn to_i32(v: usize, what: &str) -> Result<i32, CudaError> {
+    i32::try_from(v).map_err(|_| CudaError::Unsupported(format!("{what} {v} exceeds i32")))
+}
+
+fn to_i64(v: usize, what: &str) -> Result<i64, CudaError> {
+    i64::try_from(v).map_err(|_| CudaError::Unsupported(format!("{what} {v} exceeds i64")))
+}
+
+/// Converts `m` rows of `cols` f32 activations at `x` (row stride `x_stride` floats) into
+/// `scratch` for the following [`gemm_prepared`] calls.
+pub fn prepare(
+    gpu: &Gpu,
+    k: &GemmKernels,
+    x: u64,
+    x_stride: usize,
+    m: usize,
+    cols: usize,
+    scratch: &GemmScratch,
+) -> Result<(), CudaError> {
+    scratch.set_prepared(None);
+    if cols == 0 || !cols.is_multiple_of(32) {
+        return Err(CudaError::Bounds(format!(
+            "GEMM input width {cols} is not a positive multiple of 32"
+        )));
+    }
+    if x_stride < cols {
+        return Err(CudaError::Bounds(format!(
+            "input row stride {x_stride} is shorter than a row of {cols}"
+        )));
+    }
+    if m > scratch.max_m || cols > scratch.max_cols {
+        return Err(CudaError::Bounds(format!(
+            "{m} x {cols} activations do not fit a GEMM scratch of {} x {}",
+            scratch.max_m, scratch.max_cols
+        )));
+    }
+    if m > 0 && x == 0 {
+        return Err(CudaError::Bounds("null GEMM input".into()));
+    }
+    let vec = x.is_multiple_of(16) && x_stride.is_multiple_of(4);
+    let args = [
+        Arg::Ptr(x),
+        Arg::I64(to_i64(x_stride, "input row stride")?),
+        Arg::I32(to_i32(cols, "input width")?),
+        Arg::I32(vec as i32),
+        Arg::Ptr(scratch.halves()),
+        Arg::Ptr(scratch.scales()),
+    ];
+    let grid =
+        u32::try_from(m).map_err(|_| CudaError::Unsupported(format!("{m} tokens in one GEMM")))?;
+    gpu.launch(&k.prep, (grid, 1, 1), (THREADS, 1, 1), 0, &args)?;
+    scratch.set_prepared(Some((m, cols)));
+    Ok(())
+}
+
+/// `y[t·y_stride + r] = Σ_c W[r][c]·x[t][c] (+ bias[r])` for the activations in `scratch`
+/// (converted by [`prepare`]); `bias` holds `w.rows()` f32.
+pub fn gemm_prepared(
+    gpu: &Gpu,
+    k: &GemmKernels,
+    w: &DeviceMatrix,
+    scratch: &GemmScratch,
+    y: u64,
+    y_stride: usize,
+    bias: Option<u64>,
+) -> Result<(), CudaError> {
+    let Some((m, cols)) = scratch.prepared() else {
+        return Err(CudaError::Bounds(
+            "GEMM scratch holds no prepared input".into(),
+        ));
+    };
+    if cols != w.cols() {
+        return Err(CudaError::Bounds(format!(
+            "prepared input has {cols} columns, the matrix {}",
+            w.cols()
+        )));
+    }
+    let rows = w.rows();
+    if y_stride < rows {
+        return Err(CudaError::Bounds(format!(
+            "output row stride {y_stride} is shorter than a row of {rows}"
+        )));
+    }
+    if m == 0 || rows == 0 {
+        return Ok(());
+    }
+    if y == 0 || bias == Some(0) {
+        return Err(CudaError::Bounds("null GEMM output or bias".into()));
+    }
+    let tk = k.for_type(w.ty())?;
+    let bm = match k.tile {
+        GemmTile::Tokens64 => 64,
+        GemmTile::Tokens128 => 128,
+        GemmTile::Auto if m > 64 && m.div_ceil(128) * rows.div_ceil(BN) >= k.sm_count => 128,
+        GemmTile::Auto => 64,
+    };
+    let kernel = if bm == 128 { &tk.m128 } else { &tk.m64 };
+    let grid_x = u32::try_from(m.div_ceil(bm))
+        .map_err(|_| CudaError::Unsupported(format!("{m} tokens in one GEMM")))?;
+    let grid_y = rows.div_ceil(BN);
+    if grid_y > 65535 {
+        return Err(CudaError::Unsupported(format!("{rows} rows in one GEMM")));
+    }
+    let [data, aux, w_rows, w_cols] = w.args();
+    let args = [
+        data,
+        aux,
+        w_rows,
+        w_cols,
+        Arg::Ptr(scratch.halves()),
+        Arg::Ptr(scratch.scales()),
+        Arg::I32(to_i32(m, "token count")?),
+        Arg::Ptr(y),
+        Arg::I64(to_i64(y_stride, "output row stride")?),
+        Arg::Ptr(bias.unwrap_or(0)),
+    ];
+    gpu.launch(
+        kernel,
+        (grid_x, grid_y as u32, 1),
+        (THREADS, 1, 1),
+        smem_bytes(bm) as u32,
+        &args,
+    )
+}
+
+/// [`prepare`] then [`gemm_prepared`]: `y[t·y_stride + r] = Σ_c W[r][c]·x[t·x_stride + c]
+/// (+ bias[r])` for `t < m`.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm(
+    gpu: &Gpu,
+    k: &GemmKernels,
+    w: &DeviceMatrix,
+    x: u64,
+    x_stride: usize,
+    m: usize,
+    y: u64,
+    y_stride: usize,
+    bias: Option<u64>,
+    scratch: &GemmScratch,
+) -> Result<(), CudaError> {
+    prepare(gpu, k, x, x_stride, m, w.cols(), scratch)?;
+    gemm_prepared(gpu, k, w, scratch, y, y_stride, bias)
+}

@@ -1,0 +1,368 @@
+//! The device: a context with one stream, raw device buffers, compiled kernels and launches.
+//!
+//! Kernels take raw device pointers and plain scalars, so a launch is a fixed list of
+//! arguments that a CUDA graph can capture and replay; no launch allocates or synchronizes.
+//! Buffers are plain `cuMemAlloc` allocations owned by [`DeviceBuffer`]. Every call binds the
+//! context to the calling thread first, so a backend may move between threads.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
+
+use crate::chip::ChipConfig;
+use crate::compile::{self, ModuleKey};
+use crate::CudaError;
+
+/// A device allocation; freed on drop.
+pub struct DeviceBuffer {
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+    ctx: Arc<CudaContext>,
+}
+
+impl DeviceBuffer {
+    /// The device address of the first byte.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// The device address `offset` bytes in; panics past the end (a bug in the caller).
+    pub fn at(&self, offset: usize) -> u64 {
+        assert!(
+            offset <= self.bytes,
+            "offset {offset} past {} bytes",
+            self.bytes
+        );
+        self.ptr + offset as u64
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        if self.ptr != 0 {
+            let _ = self.ctx.bind_to_thread();
+            // SAFETY: the pointer came from `malloc_sync` in this context and is freed once.
+            let _ = unsafe { result::free_sync(self.ptr) };
+        }
+    }
+}
+
+/// One scalar or pointer argument of a launch, laid out as the kernel's parameter.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg {
+    Ptr(u64),
+    I32(i32),
+    U32(u32),
+    F32(f32),
+    I64(i64),
+}
+
+impl From<&DeviceBuffer> for Arg {
+    fn from(b: &DeviceBuffer) -> Arg {
+        Arg::Ptr(b.ptr())
+    }
+}
+impl From<i32> for Arg {
+    fn from(v: i32) -> Arg {
+        Arg::I32(v)
+    }
+}
+impl From<u32> for Arg {
+    fn from(v: u32) -> Arg {
+        Arg::U32(v)
+    }
+}
+impl From<f32> for Arg {
+    fn from(v: f32) -> Arg {
+        Arg::F32(v)
+    }
+}
+impl From<i64> for Arg {
+    fn from(v: i64) -> Arg {
+        Arg::I64(v)
+    }
+}
+
+/// A kernel entry point of a loaded module.
+#[derive(Clone, Debug)]
+pub struct Kernel {
+    func: CudaFunction,
+    name: String,
+}
+
+impl Kernel {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Lets the kernel use up to `bytes` of dynamic shared memory (past the 48 KiB default).
+    pub fn set_max_dynamic_smem(&self, bytes: usize) -> Result<(), CudaError> {
+        self.func
+            .set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+            .map_err(|e| CudaError::driver("raising the shared-memory limit", e))
+    }
+}
+
+/// The GPU: context, the stream every launch goes to, the chip's tuning and the kernel cache.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    pub chip: ChipConfig,
+    modules: Mutex<HashMap<ModuleKey, Arc<CudaModule>>>,
+}
+
+impl Gpu {
+    /// Opens GPU `ordinal`. Fails cleanly (no panic) when the driver, NVRTC or the device is
+    /// missing.
+    pub fn open(ordinal: usize) -> Result<Arc<Gpu>, CudaError> {
+        crate::check_libraries()?;
+        let ctx = CudaContext::new(ordinal).map_err(|e| CudaError::driver("opening the GPU", e))?;
+        // Graph capture of the decode step needs a non-default stream and no per-buffer
+        // event tracking (which records events outside the capture).
+        // SAFETY: this crate never shares buffers between streams; launches are ordered on the
+        // one stream below.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| CudaError::driver("creating a stream", e))?;
+        let chip = ChipConfig::from_context(&ctx)?;
+        Ok(Arc::new(Gpu {
+            ctx,
+            stream,
+            chip,
+            modules: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Makes the context current on the calling thread.
+    pub fn bind(&self) -> Result<(), CudaError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| CudaError::driver("binding the context", e))
+    }
+
+    /// A zero-filled buffer of `bytes` bytes (at least one byte is allocated).
+    pub fn alloc(&self, bytes: usize) -> Result<DeviceBuffer, CudaError> {
+        self.bind()?;
+        let n = bytes.max(1);
+        // SAFETY: a plain allocation in the bound context, zeroed before use.
+        let ptr = unsafe { result::malloc_sync(n) }.map_err(|e| CudaError::OutOfMemory {
+            bytes: n,
+            source: e,
+        })?;
+        let buf = DeviceBuffer {
+            ptr,
+            bytes,
+            ctx: self.ctx.clone(),
+        };
+        // SAFETY: `n` bytes at `ptr` belong to the allocation above.
+        unsafe { result::memset_d8_sync(ptr, 0, n) }
+            .map_err(|e| CudaError::driver("clearing a buffer", e))?;
+        Ok(buf)
+    }
+
+    /// A new buffer holding `data`.
+    pub fn upload<T: bytemuck::Pod>(&self, data: &[T]) -> Result<DeviceBuffer, CudaError> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let buf = self.alloc(bytes.len())?;
+        self.write(&buf, 0, data)?;
+        Ok(buf)
+    }
+
+    /// Copies `data` into `dst` at byte `offset`, ordered after the stream's earlier work.
+    pub fn write<T: bytemuck::Pod>(
+        &self,
+        dst: &DeviceBuffer,
+        offset: usize,
+        data: &[T],
+    ) -> Result<(), CudaError> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        if offset + bytes.len() > dst.bytes {
+            return Err(CudaError::Bounds(format!(
+                "write of {} bytes at {offset} into a buffer of {}",
+                bytes.len(),
+                dst.bytes
+            )));
+        }
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the range was checked above; the stream is synchronized before `data` can be
+        // freed by the caller.
+        unsafe {
+            result::memcpy_htod_async(dst.ptr + offset as u64, bytes, self.stream.cu_stream())
+                .map_err(|e| CudaError::driver("copying to the GPU", e))?;
+        }
+        self.sync()
+    }
+
+    /// Copies `out.len()` values from `src` at byte `offset`, after the stream's work.
+    pub fn read<T: bytemuck::Pod>(
+        &self,
+        src: &DeviceBuffer,
+        offset: usize,
+        out: &mut [T],
+    ) -> Result<(), CudaError> {
+        self.read_ptr(
+            src.ptr + offset as u64,
+            src.bytes.saturating_sub(offset),
+            out,
+        )
+    }
+
+    /// Like [`Gpu::read`] from a raw address with `avail` readable bytes behind it.
+    pub fn read_ptr<T: bytemuck::Pod>(
+        &self,
+        src: u64,
+        avail: usize,
+        out: &mut [T],
+    ) -> Result<(), CudaError> {
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
+        if bytes.len() > avail {
+            return Err(CudaError::Bounds(format!(
+                "read of {} bytes from {avail}",
+                bytes.len()
+            )));
+        }
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the range was checked; the copy completes before the stream sync returns.
+        unsafe {
+            result::memcpy_dtoh_async(bytes, src, self.stream.cu_stream())
+                .map_err(|e| CudaError::driver("copying from the GPU", e))?;
+        }
+        self.sync()
+    }
+
+    /// Copies `bytes` bytes between device addresses, on the stream (no synchronization).
+    pub fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<(), CudaError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: callers pass ranges inside their own buffers.
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
+            .map_err(|e| CudaError::driver("copying on the GPU", e))
+    }
+
+    /// Waits for the stream's work and reports any error a kernel raised.
+    pub fn sync(&self) -> Result<(), CudaError> {
+        self.bind()?;
+        self.stream
+            .synchronize()
+            .map_err(|e| CudaError::driver("running kernels", e))
+    }
+
+    /// The GPU's architecture name for NVRTC (`sm_90a` on Hopper).
+    pub fn arch(&self) -> &str {
+        &self.chip.arch
+    }
+
+    /// Kernel `name` of `file` (`"norm.cu"`) compiled with `defines`, compiling the module on
+    /// first use (or loading it from the disk cache).
+    pub fn kernel(
+        &self,
+        file: &str,
+        name: &str,
+        defines: &[(&str, String)],
+    ) -> Result<Kernel, CudaError> {
+        let key = ModuleKey::new(file, &self.chip.arch, defines);
+        let module = {
+            let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+            match modules.get(&key) {
+                Some(m) => m.clone(),
+                None => {
+                    let compiled = compile::compile(&key)?;
+                    self.bind()?;
+                    let m = self
+                        .ctx
+                        .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.image))
+                        .map_err(|e| CudaError::driver(&format!("loading {file}"), e))?;
+                    modules.insert(key, m.clone());
+                    m
+                }
+            }
+        };
+        let func = module
+            .load_function(name)
+            .map_err(|e| CudaError::driver(&format!("finding kernel {name} in {file}"), e))?;
+        Ok(Kernel {
+            func,
+            name: name.into(),
+        })
+    }
+
+    /// Launches `k` on the stream. Errors in the kernel itself surface at the next
+    /// [`Gpu::sync`].
+    pub fn launch(
+        &self,
+        k: &Kernel,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<(), CudaError> {
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(());
+        }
+        let mut values: Vec<[u8; 8]> = args
+            .iter()
+            .map(|a| {
+                let mut v = [0u8; 8];
+                match *a {
+                    Arg::Ptr(p) => v = p.to_ne_bytes(),
+                    Arg::I64(x) => v = x.to_ne_bytes(),
+                    Arg::I32(x) => v[..4].copy_from_slice(&x.to_ne_bytes()),
+                    Arg::U32(x) => v[..4].copy_from_slice(&x.to_ne_bytes()),
+                    Arg::F32(x) => v[..4].copy_from_slice(&x.to_ne_bytes()),
+                }
+                v
+            })
+            .collect();
+        let mut params: Vec<*mut c_void> = values
+            .iter_mut()
+            .map(|v| v.as_mut_ptr() as *mut c_void)
+            .collect();
+        self.bind()?;
+        // SAFETY: each parameter points at 8 bytes holding the argument in the kernel's
+        // parameter layout (little-endian, so 4-byte scalars sit in the first 4 bytes); the
+        // values live until the call returns, which copies them.
+        unsafe {
+            result::launch_kernel(
+                k.func.cu_function(),
+                grid,
+                block,
+                smem,
+                self.stream.cu_stream(),
+                &mut params,
+            )
+        }
+        .map_err(|e| CudaError::driver(&format!("launching {}", k.name), e))
+    }
+
+    /// Free and total device memory in bytes.
+    pub fn memory(&self) -> Result<(usize, usize), CudaError> {
+        self.bind()?;
+        result::mem_get_info().map_err(|e| CudaError::driver("asking for free memory", e))
+    }
+}

@@ -1,0 +1,703 @@
+//! Quantized weights on the device, the batched matrix-vector products of decode (m ≤ 16
+//! tokens) and the embedding lookup.
+//!
+//! Plan:
+//! - [`DeviceMatrix::upload`] keeps a weight quantized in ggml's block format, split into two
+//!   planes so that the bulk of every block is 16-byte aligned (the quants, then the scales and
+//!   other small fields; `kernels/quant.cuh` documents the layout per type). Its
+//!   [`DeviceMatrix::args`] are what every kernel over a matrix takes first, so the tiled GEMM
+//!   reads the same layout through `dequant32`.
+//! - [`ActScratch::prepare`] quantizes an input once to int8 per 32 values with per-group
+//!   scales and level sums (the `q8_1` idea), and every product of that input (q, k and v;
+//!   gate and up) reuses it.
+//! - [`gemv`] multiplies with `__dp4a` (four int8 products per instruction) so that one weight
+//!   read serves all m tokens at the speed of memory; F32, F16 and BF16 weights use the f32
+//!   inputs. [`gemv_gated`] computes `act(gate·x) * (up·x)` in one launch. [`embed`] gathers
+//!   dequantized rows.
+//! - [`MatmulKernels`] resolves every kernel of the weight types in use once; launches only pass
+//!   pointers and sizes, so they can be captured in a CUDA graph.
+
+use std::sync::Arc;
+
+use akunu_core::Activation;
+use akunu_quant::GgmlType;
+
+use crate::gpu::{Arg, DeviceBuffer, Gpu, Kernel};
+use crate::CudaError;
+
+/// The weight types the kernels handle.
+pub const SUPPORTED: &[GgmlType] = &[
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
+];
+
+/// Whether matrices of type `ty` can be uploaded and multiplied.
+pub fn supported(ty: GgmlType) -> bool {
+    SUPPORTED.contains(&ty)
+}
+
+/// The largest batch the products take.
+pub const MAX_M: usize = 16;
+
+/// Batch sizes with a kernel of their own; a batch runs in the smallest one that holds it.
+const M_VARIANTS: [usize; 5] = [1, 2, 4, 8, 16];
+
+/// Values per activation group (one scale and level sum each).
+const GROUP: usize = 32;
+
+/// Where each ggml block's bytes go: `data` ranges are concatenated into the block's
+/// `data_bytes` in the data plane; `aux` ranges `(src, dst, len)` land in its `aux_bytes` of
+/// the aux plane (gaps stay zero); `aux2`, if any, goes to a second aux plane after the first.
+struct Layout {
+    data: &'static [(usize, usize)],
+    data_bytes: usize,
+    aux: &'static [(usize, usize, usize)],
+    aux_bytes: usize,
+    aux2: Option<(usize, usize)>,
+}
+
+/// The device layout of a quantized type (matching `kernels/quant.cuh`); `None` for the float
+/// types, which are stored as they are.
+fn layout(ty: GgmlType) -> Option<Layout> {
+    use GgmlType as T;
+    let l = |data, data_bytes, aux, aux_bytes| Layout {
+        data,
+        data_bytes,
+        aux,
+        aux_bytes,
+        aux2: None,
+    };
+    Some(match ty {
+        T::Q4_0 | T::IQ4_NL => l(&[(2, 16)], 16, &[(0, 0, 2)], 2),
+        T::Q4_1 => l(&[(4, 16)], 16, &[(0, 0, 4)], 4),
+        T::Q5_0 => l(&[(6, 16)], 16, &[(0, 0, 2), (2, 4, 4)], 8),
+        T::Q5_1 => l(&[(8, 16)], 16, &[(0, 0, 8)], 8),
+        T::Q8_0 => l(&[(2, 32)], 32, &[(0, 0, 2)], 2),
+        T::Q2_K => l(&[(0, 80)], 80, &[(80, 0, 4)], 4),
+        T::Q3_K => l(&[(0, 96)], 96, &[(96, 0, 14)], 16),
+        T::Q4_K => l(&[(16, 128)], 128, &[(0, 0, 16)], 16),
+        T::Q5_K => l(&[(16, 160)], 160, &[(0, 0, 16)], 16),
+        T::Q6_K => Layout {
+            data: &[(0, 192)],
+            data_bytes: 192,
+            aux: &[(192, 0, 16)],
+            aux_bytes: 16,
+            aux2: Some((208, 2)),
+        },
+        T::IQ4_XS => l(&[(8, 128)], 128, &[(0, 0, 8)], 8),
+        _ => return None,
+    })
+}
+
+/// The aux plane starts at this alignment within the matrix's buffer.
+const PLANE_ALIGN: usize = 256;
+
+/// A weight matrix on the device: `rows` rows of `cols` elements of type `ty`.
+pub struct DeviceMatrix {
+    buf: DeviceBuffer,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    /// Byte offset of the aux plane in `buf` (0 when there is none).
+    aux_offset: usize,
+    has_aux: bool,
+}
+
+impl DeviceMatrix {
+    /// Uploads a matrix given in ggml's format (`rows` rows of `cols / block_size` blocks).
+    ///
+    /// Fails with [`CudaError::Unsupported`] for types without kernels or when `cols` is not a
+    /// multiple of 32 (or of the block size), and with [`CudaError::Bounds`] when `bytes` is
+    /// not exactly the matrix's size.
+    pub fn upload(
+        gpu: &Gpu,
+        ty: GgmlType,
+        bytes: &[u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<DeviceMatrix, CudaError> {
+        if !supported(ty) {
+            return Err(CudaError::Unsupported(format!(
+                "no CUDA kernels for {ty} matrices"
+            )));
+        }
+        let block = ty.block_size();
+        if cols == 0 || rows == 0 || !cols.is_multiple_of(GROUP) || !cols.is_multiple_of(block) {
+            return Err(CudaError::Unsupported(format!(
+                "a {rows}x{cols} {ty} matrix: rows and cols must be positive, cols a multiple of \
+                 {}",
+                GROUP.max(block)
+            )));
+        }
+        if rows > i32::MAX as usize || cols > i32::MAX as usize {
+            return Err(CudaError::Unsupported(format!(
+                "a {rows}x{cols} matrix is too large for the kernels"
+            )));
+        }
+        let blocks = rows
+            .checked_mul(cols / block)
+            .ok_or_else(|| CudaError::Bounds(format!("a {rows}x{cols} matrix is too large")))?;
+        let expected = blocks.checked_mul(ty.type_size());
+        if expected != Some(bytes.len()) {
+            return Err(CudaError::Bounds(format!(
+                "a {rows}x{cols} {ty} matrix takes {} bytes, got {}",
+                expected.map_or("too many".into(), |n| n.to_string()),
+                bytes.len()
+            )));
+        }
+        let Some(l) = layout(ty) else {
+            let buf = gpu.upload(bytes)?;
+            return Ok(DeviceMatrix {
+                buf,
+                ty,
+                rows,
+                cols,
+                aux_offset: 0,
+                has_aux: false,
+            });
+        };
+        let (data, aux) = repack(&l, ty.type_size(), bytes, blocks);
+        let aux_offset = data.len().next_multiple_of(PLANE_ALIGN);
+        let buf = gpu.alloc(aux_offset + aux.len())?;
+        gpu.write(&buf, 0, &data)?;
+        gpu.write(&buf, aux_offset, &aux)?;
+        Ok(DeviceMatrix {
+            buf,
+            ty,
+            rows,
+            cols,
+            aux_offset,
+            has_aux: true,
+        })
+    }
+
+    pub fn ty(&self) -> GgmlType {
+        self.ty
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes the matrix takes on the device.
+    pub fn device_bytes(&self) -> usize {
+        self.buf.bytes()
+    }
+
+    /// The data plane's device address.
+    pub fn data_ptr(&self) -> u64 {
+        self.buf.ptr()
+    }
+
+    /// The aux plane's device address (0 for the float types, which have none).
+    pub fn aux_ptr(&self) -> u64 {
+        if self.has_aux {
+            self.buf.at(self.aux_offset)
+        } else {
+            0
+        }
+    }
+
+    /// The leading kernel arguments for this matrix: `data, aux, rows, cols`, i.e. a kernel's
+    /// `(const u8* data, const u8* aux, int rows, int cols, ...)` that rebuilds a `QMatrix`.
+    pub fn args(&self) -> [Arg; 4] {
+        [
+            Arg::Ptr(self.data_ptr()),
+            Arg::Ptr(self.aux_ptr()),
+            Arg::I32(self.rows as i32),
+            Arg::I32(self.cols as i32),
+        ]
+    }
+}
+
+/// Splits `blocks` ggml blocks into the data and aux planes of `l`.
+fn repack(l: &Layout, type_size: usize, bytes: &[u8], blocks: usize) -> (Vec<u8>, Vec<u8>) {
+    let aux2_len = l.aux2.map_or(0, |(_, n)| n);
+    let mut data = vec![0u8; blocks * l.data_bytes];
+    let mut aux = vec![0u8; blocks * (l.aux_bytes + aux2_len)];
+    let (aux1, aux2) = aux.split_at_mut(blocks * l.aux_bytes);
+    for (i, blk) in bytes.chunks_exact(type_size).enumerate() {
+        let mut o = i * l.data_bytes;
+        for &(src, len) in l.data {
+            data[o..o + len].copy_from_slice(&blk[src..src + len]);
+            o += len;
+        }
+        let a = &mut aux1[i * l.aux_bytes..(i + 1) * l.aux_bytes];
+        for &(src, dst, len) in l.aux {
+            a[dst..dst + len].copy_from_slice(&blk[src..src + len]);
+        }
+        if let Some((src, len)) = l.aux2 {
+            aux2[i * len..(i + 1) * len].copy_from_slice(&blk[src..src + len]);
+        }
+    }
+    (data, aux)
+}
+
+/// The `-DQTYPE` define of a type's modules.
+fn qtype_define(ty: GgmlType) -> Vec<(&'static str, String)> {
+    vec![("QTYPE", (ty as u32).to_string())]
+}
+
+/// Every kernel module variant this file compiles: `(file, defines)`.
+pub fn modules() -> Vec<(&'static str, Vec<(&'static str, String)>)> {
+    let mut v = vec![("gemv.cu", Vec::new())];
+    for &ty in SUPPORTED {
+        v.push(("gemv.cu", qtype_define(ty)));
+        v.push(("embed.cu", qtype_define(ty)));
+    }
+    v
+}
+
+/// The kernels of one weight type.
+struct TypeKernels {
+    ty: GgmlType,
+    /// `gemv_m{1,2,4,8,16}`.
+    gemv: Vec<Kernel>,
+    /// `gemv_gated_m{1,2,4,8,16}`.
+    gated: Vec<Kernel>,
+    embed: Kernel,
+}
+
+/// The compiled kernels for a set of weight types.
+pub struct MatmulKernels {
+    types: Vec<TypeKernels>,
+    /// The activation quantizer; present when any type is quantized.
+    quantize: Option<Kernel>,
+    /// Warps per block of the products.
+    warps: u32,
+}
+
+impl MatmulKernels {
+    /// Compiles (or loads from the cache) what `types` need; repeated types count once.
+    pub fn new(gpu: &Arc<Gpu>, types: &[GgmlType]) -> Result<MatmulKernels, CudaError> {
+        let mut out: Vec<TypeKernels> = Vec::new();
+        for &ty in types {
+            if out.iter().any(|k| k.ty == ty) {
+                continue;
+            }
+            if !supported(ty) {
+                return Err(CudaError::Unsupported(format!(
+                    "no CUDA kernels for {ty} matrices"
+                )));
+            }
+            let defines = qtype_define(ty);
+            let mut gemv = Vec::with_capacity(M_VARIANTS.len());
+            let mut gated = Vec::with_capacity(M_VARIANTS.len());
+            for m in M_VARIANTS {
+                gemv.push(gpu.kernel("gemv.cu", &format!("gemv_m{m}"), &defines)?);
+                gated.push(gpu.kernel("gemv.cu", &format!("gemv_gated_m{m}"), &defines)?);
+            }
+            let embed = gpu.kernel("embed.cu", "embed", &defines)?;
+            out.push(TypeKernels {
+                ty,
+                gemv,
+                gated,
+                embed,
+            });
+        }
+        let quantize = if out.iter().any(|k| k.ty.is_quantized()) {
+            Some(gpu.kernel("gemv.cu", "quantize_act", &[])?)
+        } else {
+            None
+        };
+        Ok(MatmulKernels {
+            types: out,
+            quantize,
+            warps: gpu.chip.gemv_warps.clamp(1, 8) as u32,
+        })
+    }
+
+    fn of(&self, ty: GgmlType) -> Result<&TypeKernels, CudaError> {
+        self.types.iter().find(|k| k.ty == ty).ok_or_else(|| {
+            CudaError::Unsupported(format!("the matmul kernels were not built for {ty}"))
+        })
+    }
+}
+
+/// The variant index for a batch of `m` (1 ≤ m ≤ 16).
+fn variant(m: usize) -> usize {
+    M_VARIANTS
+        .iter()
+        .position(|&v| v >= m)
+        .unwrap_or(M_VARIANTS.len() - 1)
+}
+
+/// One input of the products, prepared once: int8 levels per 32 values with their scales and
+/// level sums for quantized weights, and the f32 rows themselves for float weights.
+///
+/// [`ActScratch::prepare`] launches the quantizer (when the kernels have a quantized type) and
+/// remembers the input; every [`gemv`] and [`gemv_gated`] until the next `prepare` reads it.
+pub struct ActScratch {
+    q: DeviceBuffer,
+    s: DeviceBuffer,
+    max_m: usize,
+    max_cols: usize,
+    /// The prepared input: `m` rows of `cols` f32 at `x`, `x_stride` floats apart.
+    x: u64,
+    x_stride: usize,
+    m: usize,
+    cols: usize,
+    quantized: bool,
+}
+
+impl ActScratch {
+    /// Scratch for inputs of up to `max_m` rows of up to `max_cols` values.
+    pub fn new(gpu: &Gpu, max_m: usize, max_cols: usize) -> Result<ActScratch, CudaError> {
+        if max_m == 0 || max_m > MAX_M || max_cols == 0 || !max_cols.is_multiple_of(GROUP) {
+            return Err(CudaError::Unsupported(format!(
+                "activation scratch of {max_m}x{max_cols}: needs 1..={MAX_M} rows and a \
+                 positive multiple of {GROUP} columns"
+            )));
+        }
+        let q = gpu.alloc(max_m * max_cols)?;
+        let s = gpu.alloc(max_m * (max_cols / GROUP) * 16)?;
+        Ok(ActScratch {
+            q,
+            s,
+            max_m,
+            max_cols,
+            x: 0,
+            x_stride: 0,
+            m: 0,
+            cols: 0,
+            quantized: false,
+        })
+    }
+
+    /// Prepares `m` rows of `cols` f32 values at device address `x`, `x_stride` floats apart,
+    /// for products with weights of the kernels' types. `x` must be 16-byte aligned and
+    /// `x_stride` a multiple of 4; the input must stay unchanged until its last product.
+    pub fn prepare(
+        &mut self,
+        gpu: &Gpu,
+        k: &MatmulKernels,
+        x: u64,
+        x_stride: usize,
+        m: usize,
+        cols: usize,
+    ) -> Result<(), CudaError> {
+        if m == 0 || m > self.max_m || cols == 0 || cols > self.max_cols {
+            return Err(CudaError::Bounds(format!(
+                "activations of {m}x{cols} in scratch of {}x{}",
+                self.max_m, self.max_cols
+            )));
+        }
+        if !cols.is_multiple_of(GROUP) {
+            return Err(CudaError::Unsupported(format!(
+                "{cols} activation columns: must be a multiple of {GROUP}"
+            )));
+        }
+        if x == 0 || !x.is_multiple_of(16) || x_stride < cols || !x_stride.is_multiple_of(4) {
+            return Err(CudaError::Bounds(format!(
+                "activations at {x:#x} with stride {x_stride}: need a 16-byte aligned address \
+                 and a stride of at least {cols}, a multiple of 4"
+            )));
+        }
+        if x_stride > i32::MAX as usize {
+            return Err(CudaError::Bounds(format!("activation stride {x_stride}")));
+        }
+        self.quantized = false;
+        if let Some(quantize) = &k.quantize {
+            let groups = (cols / GROUP) as u32;
+            gpu.launch(
+                quantize,
+                (groups.div_ceil(8), m as u32, 1),
+                (256, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(x),
+                    Arg::I32(x_stride as i32),
+                    Arg::I32(m as i32),
+                    Arg::I32(cols as i32),
+                    Arg::Ptr(self.q.ptr()),
+                    Arg::Ptr(self.s.ptr()),
+                ],
+            )?;
+            self.quantized = true;
+        }
+        self.x = x;
+        self.x_stride = x_stride;
+        self.m = m;
+        self.cols = cols;
+        Ok(())
+    }
+
+    /// The rows prepared last.
+    pub fn m(&self) -> usize {
+        self.m
+    }
+
+    /// The row length prepared last.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The activation arguments of the product kernels: `aq, as, xf, x_stride`.
+    fn args(&self, w: &DeviceMatrix, m: usize) -> Result<[Arg; 4], CudaError> {
+        if self.m == 0 {
+            return Err(CudaError::Bounds(
+                "the activations were not prepared".into(),
+            ));
+        }
+        if w.cols != self.cols {
+            return Err(CudaError::Bounds(format!(
+                "a {}x{} matrix times activations of {} columns",
+                w.rows, w.cols, self.cols
+            )));
+        }
+        if m == 0 || m > self.m {
+            return Err(CudaError::Bounds(format!(
+                "a product of {m} rows with {} prepared",
+                self.m
+            )));
+        }
+        if w.ty.is_quantized() && !self.quantized {
+            return Err(CudaError::Unsupported(format!(
+                "the activations were prepared without quantization, which {} weights need",
+                w.ty
+            )));
+        }
+        Ok([
+            Arg::Ptr(self.q.ptr()),
+            Arg::Ptr(self.s.ptr()),
+            Arg::Ptr(self.x),
+            Arg::I32(self.x_stride as i32),
+        ])
+    }
+}
+
+fn check_output(
+    what: &str,
+    ptr: u64,
+    stride: usize,
+    rows: usize,
+    m: usize,
+) -> Result<(), CudaError> {
+    if ptr == 0 || (m > 1 && stride < rows) || stride > i32::MAX as usize {
+        return Err(CudaError::Bounds(format!(
+            "{what} at {ptr:#x} with stride {stride} for {m} rows of {rows}"
+        )));
+    }
+    Ok(())
+}
+
+/// Launches the plain product kernel: mode 0 stores (plus bias), 1 and 2 multiply into
+/// silu(y) and gelu(y).
+#[allow(clippy::too_many_arguments)]
+fn launch_gemv(
+    gpu: &Gpu,
+    k: &MatmulKernels,
+    w: &DeviceMatrix,
+    acts: &ActScratch,
+    m: usize,
+    y: u64,
+    y_stride: usize,
+    bias: u64,
+    mode: i32,
+) -> Result<(), CudaError> {
+    let tk = k.of(w.ty)?;
+    let a = acts.args(w, m)?;
+    let v = variant(m);
+    let rows_per_warp = if M_VARIANTS[v] == 1 { 1 } else { 2 };
+    let rows_per_block = k.warps as usize * rows_per_warp;
+    let [data, aux, rows, cols] = w.args();
+    gpu.launch(
+        &tk.gemv[v],
+        (w.rows.div_ceil(rows_per_block) as u32, 1, 1),
+        (32 * k.warps, 1, 1),
+        0,
+        &[
+            data,
+            aux,
+            rows,
+            cols,
+            a[0],
+            a[1],
+            a[2],
+            a[3],
+            Arg::I32(m as i32),
+            Arg::Ptr(y),
+            Arg::I32(y_stride as i32),
+            Arg::Ptr(bias),
+            Arg::I32(mode),
+        ],
+    )
+}
+
+/// `y[t*y_stride + r] = Σ_c W[r][c]·x[t][c] (+ bias[r])` for the first `m` (≤ 16) prepared
+/// input rows `x[t]` of `acts`; `bias` is a device array of `w.rows()` f32.
+#[allow(clippy::too_many_arguments)]
+pub fn gemv(
+    gpu: &Gpu,
+    k: &MatmulKernels,
+    w: &DeviceMatrix,
+    acts: &ActScratch,
+    m: usize,
+    y: u64,
+    y_stride: usize,
+    bias: Option<u64>,
+) -> Result<(), CudaError> {
+    check_output("gemv output", y, y_stride, w.rows, m)?;
+    if bias == Some(0) {
+        return Err(CudaError::Bounds("a null bias pointer".into()));
+    }
+    launch_gemv(gpu, k, w, acts, m, y, y_stride, bias.unwrap_or(0), 0)
+}
+
+/// `out[t*out_stride + r] = act(gate_r·x[t]) * (up_r·x[t])` for the first `m` prepared input
+/// rows: one launch when both matrices have the same type, else the gate product followed by
+/// the up product multiplied into it.
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_gated(
+    gpu: &Gpu,
+    k: &MatmulKernels,
+    w_gate: &DeviceMatrix,
+    w_up: &DeviceMatrix,
+    acts: &ActScratch,
+    m: usize,
+    out: u64,
+    out_stride: usize,
+    act: Activation,
+) -> Result<(), CudaError> {
+    if w_gate.rows != w_up.rows || w_gate.cols != w_up.cols {
+        return Err(CudaError::Bounds(format!(
+            "gate {}x{} and up {}x{} differ in shape",
+            w_gate.rows, w_gate.cols, w_up.rows, w_up.cols
+        )));
+    }
+    check_output("gated output", out, out_stride, w_gate.rows, m)?;
+    let act_code = match act {
+        Activation::Silu => 0,
+        Activation::GeluTanh => 1,
+    };
+    if w_gate.ty != w_up.ty {
+        launch_gemv(gpu, k, w_gate, acts, m, out, out_stride, 0, 0)?;
+        return launch_gemv(gpu, k, w_up, acts, m, out, out_stride, 0, 1 + act_code);
+    }
+    let tk = k.of(w_gate.ty)?;
+    let a = acts.args(w_gate, m)?;
+    let v = variant(m);
+    let [data, aux, rows, cols] = w_gate.args();
+    let [data2, aux2, _, _] = w_up.args();
+    gpu.launch(
+        &tk.gated[v],
+        (w_gate.rows.div_ceil(k.warps as usize) as u32, 1, 1),
+        (32 * k.warps, 1, 1),
+        0,
+        &[
+            data,
+            aux,
+            rows,
+            cols,
+            data2,
+            aux2,
+            a[0],
+            a[1],
+            a[2],
+            a[3],
+            Arg::I32(m as i32),
+            Arg::Ptr(out),
+            Arg::I32(out_stride as i32),
+            Arg::I32(act_code),
+        ],
+    )
+}
+
+/// `out[t*cols + c] = table[tokens[t]][c] * scale` for `m` tokens, with `tokens` a device
+/// array of `m` u32 and `out` a 16-byte aligned device array of `m * table.cols()` f32. A token
+/// id past the table gives a zero row (the caller checks ids; the kernel never reads past the
+/// table).
+pub fn embed(
+    gpu: &Gpu,
+    k: &MatmulKernels,
+    table: &DeviceMatrix,
+    tokens: u64,
+    m: usize,
+    out: u64,
+    scale: f32,
+) -> Result<(), CudaError> {
+    if m == 0 || m > u16::MAX as usize || tokens == 0 || out == 0 || !out.is_multiple_of(16) {
+        return Err(CudaError::Bounds(format!(
+            "embedding {m} tokens from {tokens:#x} into {out:#x} (needs 1..=65535 tokens and a \
+             16-byte aligned output)"
+        )));
+    }
+    let tk = k.of(table.ty)?;
+    let groups = (table.cols / GROUP) as u32;
+    let threads = groups.min(128);
+    let [data, aux, rows, cols] = table.args();
+    gpu.launch(
+        &tk.embed,
+        (groups.div_ceil(threads), m as u32, 1),
+        (threads, 1, 1),
+        0,
+        &[
+            data,
+            aux,
+            rows,
+            cols,
+            Arg::Ptr(tokens),
+            Arg::I32(m as i32),
+            Arg::Ptr(out),
+            Arg::F32(scale),
+        ],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_cover_every_byte_of_each_block_once() {
+        for &ty in SUPPORTED {
+            let Some(l) = layout(ty) else {
+                assert!(!ty.is_quantized());
+                continue;
+            };
+            assert!(l.data_bytes.is_multiple_of(16), "{ty}");
+            let mut seen = vec![0u8; ty.type_size()];
+            let mut data = 0;
+            for &(src, len) in l.data {
+                seen[src..src + len].iter_mut().for_each(|s| *s += 1);
+                data += len;
+            }
+            assert_eq!(data, l.data_bytes, "{ty}");
+            for &(src, dst, len) in l.aux {
+                assert!(dst + len <= l.aux_bytes, "{ty}");
+                seen[src..src + len].iter_mut().for_each(|s| *s += 1);
+            }
+            if let Some((src, len)) = l.aux2 {
+                seen[src..src + len].iter_mut().for_each(|s| *s += 1);
+            }
+            assert!(seen.iter().all(|&s| s == 1), "{ty}: {seen:?}");
+        }
+    }
+
+    #[test]
+    fn batch_variants() {
+        assert_eq!(variant(1), 0);
+        assert_eq!(variant(2), 1);
+        assert_eq!(variant(3), 2);
+        assert_eq!(variant(5), 3);
+        assert_eq!(variant(9), 4);
+        assert_eq!(variant(16), 4);
+    }
+}

@@ -1,0 +1,58 @@
+//! Shared by the GPU tests: the device, or a skip when there is none.
+//!
+//! Without a usable GPU the tests print a note and pass, unless `AKUNU_REQUIRE_GPU=1` (set by
+//! the device script), which turns a missing GPU into a failure so a GPU test can never pass by
+//! not running.
+
+#![allow(dead_code)]
+
+use std::sync::{Arc, OnceLock};
+
+use akunu_cuda::Gpu;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+pub fn gpu() -> Option<Arc<Gpu>> {
+    static GPU: OnceLock<Option<Arc<Gpu>>> = OnceLock::new();
+    GPU.get_or_init(|| {
+        let required = std::env::var("AKUNU_REQUIRE_GPU").as_deref() == Ok("1");
+        match akunu_cuda::device_count().and_then(|n| {
+            if n == 0 {
+                Err(akunu_cuda::CudaError::Unsupported("no CUDA device".into()))
+            } else {
+                Gpu::open(0)
+            }
+        }) {
+            Ok(g) => Some(g),
+            Err(e) => {
+                assert!(!required, "AKUNU_REQUIRE_GPU=1 but no GPU: {e}");
+                eprintln!("skipped: no GPU ({e})");
+                None
+            }
+        }
+    })
+    .clone()
+}
+
+/// `n` values uniform in `[-scale, scale)`, never all zero.
+pub fn random(n: usize, scale: f32, seed: u64) -> Vec<f32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..n).map(|_| rng.random_range(-scale..scale)).collect()
+}
+
+/// ‖a − b‖ / ‖b‖ in f64; NaN anywhere gives infinity.
+pub fn rel_err(a: &[f32], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        if !x.is_finite() {
+            return f64::INFINITY;
+        }
+        num += (x as f64 - y).powi(2);
+        den += y * y;
+    }
+    (num / den.max(1e-300)).sqrt()
+}
+
+/// Host-side poison written into outputs before a kernel runs, so unwritten elements show.
+pub const POISON: f32 = f32::NAN;

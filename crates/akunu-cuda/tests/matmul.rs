@@ -1,0 +1,696 @@
+//! The quantized products and the embedding lookup against f64 references computed from
+//! `akunu_quant::dequantize`, for every weight type the kernels take.
+//!
+//! Weights come from `akunu_quant::quantize` of random values and, to reach every bit of every
+//! field, from random bytes with sane f16 scales. Outputs start poisoned (NaN) so unwritten
+//! elements show, and the rows past `m` and the gaps of strided outputs must stay poisoned.
+
+mod common;
+
+use std::sync::Arc;
+
+use akunu_core::Activation;
+use akunu_cuda::compile::{self, ModuleKey};
+use akunu_cuda::matmul::{self, ActScratch, DeviceMatrix, MatmulKernels};
+use akunu_cuda::{CudaError, DeviceBuffer, Gpu};
+use akunu_quant::GgmlType;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use common::{gpu, random, rel_err, POISON};
+
+const TYPES: &[GgmlType] = matmul::SUPPORTED;
+
+/// Relative tolerance against a reference that uses the activations as the kernels see them
+/// (int8 levels per 32 values for quantized weights): only f32 rounding differs.
+fn tolerance(ty: GgmlType) -> f64 {
+    if ty.is_quantized() {
+        2e-3
+    } else {
+        1e-5
+    }
+}
+
+/// Relative tolerance against the exact f64 product, over whole outputs of at least
+/// [`POOLED_MIN`] values: the int8 activations cost about 1/254 of each value.
+const EXACT_TOL: f64 = 1e-2;
+const POOLED_MIN: usize = 64;
+
+/// The inputs as the kernels for `ty` use them: each 32 values quantized to `round(v/d)·d`
+/// with `d = amax/127` for quantized weights, unchanged for float weights.
+fn as_seen(ty: GgmlType, x: &[f32], cols: usize, stride: usize) -> Vec<f32> {
+    if !ty.is_quantized() {
+        return x.to_vec();
+    }
+    let mut out = x.to_vec();
+    for row in out.chunks_mut(stride) {
+        for g in row[..cols].chunks_exact_mut(32) {
+            let amax = g.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+            g.iter_mut()
+                .for_each(|v| *v = (*v * id).round_ties_even().clamp(-127.0, 127.0) * d);
+        }
+    }
+    out
+}
+
+/// A `rows x cols` matrix of `ty` quantized from random values, and its dequantized values.
+fn quantized(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
+    let mut x = random(rows * cols, 1.0, seed);
+    // Rows of different magnitudes, so per-block scales differ.
+    for (r, row) in x.chunks_exact_mut(cols).enumerate() {
+        let s = 0.25 + (r % 5) as f32 * 0.5;
+        row.iter_mut().for_each(|v| *v *= s);
+    }
+    let bytes_len = ty.bytes_for((rows * cols) as u64).unwrap() as usize;
+    let mut bytes = vec![0u8; bytes_len];
+    akunu_quant::quantize(ty, &x, &mut bytes).unwrap();
+    let mut w = vec![0f32; rows * cols];
+    akunu_quant::dequantize(ty, &bytes, &mut w).unwrap();
+    (bytes, w)
+}
+
+/// Byte offsets of a block's f16 scale fields (d, m, dmin).
+fn f16_fields(ty: GgmlType) -> &'static [usize] {
+    use GgmlType as T;
+    match ty {
+        T::Q4_0 | T::Q5_0 | T::Q8_0 | T::IQ4_NL | T::IQ4_XS => &[0],
+        T::Q4_1 | T::Q5_1 | T::Q4_K | T::Q5_K => &[0, 2],
+        T::Q2_K => &[80, 82],
+        T::Q3_K => &[108],
+        T::Q6_K => &[208],
+        _ => &[],
+    }
+}
+
+/// Random bytes for a quantized `ty` (every quant, scale and high bit pattern) with f16 scale
+/// fields set to sane magnitudes; random finite values for the float types.
+fn random_bytes(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
+    if !ty.is_quantized() {
+        return quantized(ty, rows, cols, seed);
+    }
+    let mut rng = StdRng::seed_from_u64(seed);
+    let n = ty.bytes_for((rows * cols) as u64).unwrap() as usize;
+    let mut bytes: Vec<u8> = (0..n).map(|_| rng.random()).collect();
+    for blk in bytes.chunks_exact_mut(ty.type_size()) {
+        for &o in f16_fields(ty) {
+            let v = half::f16::from_f32(rng.random_range(-0.02f32..0.02));
+            blk[o..o + 2].copy_from_slice(&v.to_bits().to_le_bytes());
+        }
+    }
+    let mut w = vec![0f32; rows * cols];
+    akunu_quant::dequantize(ty, &bytes, &mut w).unwrap();
+    (bytes, w)
+}
+
+/// `m` rows of `stride` random values as f64 references and a device buffer.
+fn inputs(gpu: &Gpu, m: usize, stride: usize, seed: u64) -> (Vec<f32>, DeviceBuffer) {
+    let x = random(m * stride, 1.0, seed);
+    let buf = gpu.upload(&x).unwrap();
+    (x, buf)
+}
+
+/// `Σ_c w[r][c]·x[t][c]` in f64 for each token t and row r (`out[t][r]`).
+fn reference(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    stride: usize,
+    m: usize,
+) -> Vec<Vec<f64>> {
+    (0..m)
+        .map(|t| {
+            let xt = &x[t * stride..t * stride + cols];
+            (0..rows)
+                .map(|r| {
+                    w[r * cols..(r + 1) * cols]
+                        .iter()
+                        .zip(xt)
+                        .map(|(&a, &b)| a as f64 * b as f64)
+                        .sum()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// A poisoned output of `m + 1` rows of `stride` floats.
+fn poisoned(gpu: &Gpu, m: usize, stride: usize) -> DeviceBuffer {
+    gpu.upload(&vec![POISON; (m + 1) * stride]).unwrap()
+}
+
+/// Checks the `m x rows` block of `y` (rows `stride` apart): per token within `tol` of `want`
+/// (the reference on the inputs as the kernel sees them), over the whole output within
+/// `exact_tol` of `exact` when it is large enough to measure, and everything else still
+/// poison.
+#[allow(clippy::too_many_arguments)]
+fn check_output(
+    gpu: &Gpu,
+    y: &DeviceBuffer,
+    m: usize,
+    rows: usize,
+    stride: usize,
+    want: &[Vec<f64>],
+    exact: &[Vec<f64>],
+    (tol, exact_tol): (f64, f64),
+    what: &str,
+) {
+    let mut got = vec![0f32; (m + 1) * stride];
+    gpu.read(y, 0, &mut got).unwrap();
+    for (i, v) in got.iter().enumerate() {
+        let (t, r) = (i / stride, i % stride);
+        if t < m && r < rows {
+            assert!(v.is_finite(), "{what}: y[{t}][{r}] not written ({v})");
+        } else {
+            assert_eq!(
+                v.to_bits(),
+                POISON.to_bits(),
+                "{what}: y[{t}][{r}] written outside the output"
+            );
+        }
+    }
+    let mut all_got = Vec::new();
+    let mut all_exact = Vec::new();
+    for t in 0..m {
+        let row = &got[t * stride..t * stride + rows];
+        let e = rel_err(row, &want[t]);
+        assert!(
+            e <= tol,
+            "{what}: token {t}: relative error {e:.2e} > {tol:.0e}"
+        );
+        all_got.extend_from_slice(row);
+        all_exact.extend_from_slice(&exact[t]);
+    }
+    if all_got.len() >= POOLED_MIN {
+        let e = rel_err(&all_got, &all_exact);
+        assert!(
+            e <= exact_tol,
+            "{what}: relative error {e:.2e} > {exact_tol:.0e} against the exact product"
+        );
+    }
+}
+
+/// Shapes `(rows, cols, m)` for a type: odd row counts, odd chunk counts, every batch variant.
+fn shapes(ty: GgmlType) -> Vec<(usize, usize, usize)> {
+    let mut v = vec![
+        (1, 256, 1),
+        (7, 512, 2),
+        (257, 256, 3),
+        (33, 4096, 5),
+        (20, 5120, 8),
+        (3, 768, 13),
+        (17, 2304, 16),
+        (64, 1280, 1),
+    ];
+    if ty.block_size() == 32 || !ty.is_quantized() {
+        v.extend([(5, 32, 1), (9, 96, 4), (11, 160, 16), (6, 4128, 2)]);
+    }
+    v
+}
+
+fn kernels(gpu: &Arc<Gpu>) -> MatmulKernels {
+    MatmulKernels::new(gpu, TYPES).unwrap()
+}
+
+fn run_gemv_case(
+    gpu: &Arc<Gpu>,
+    k: &MatmulKernels,
+    ty: GgmlType,
+    (bytes, w): &(Vec<u8>, Vec<f32>),
+    (rows, cols, m): (usize, usize, usize),
+    seed: u64,
+    what: &str,
+) {
+    let dm = DeviceMatrix::upload(gpu, ty, bytes, rows, cols).unwrap();
+    assert_eq!((dm.ty(), dm.rows(), dm.cols()), (ty, rows, cols));
+    // Strided input and output in odd cases, dense otherwise; a bias on every other case.
+    let strided = seed % 2 == 1;
+    let x_stride = if strided { cols + 36 } else { cols };
+    let y_stride = if strided { rows + 5 } else { rows };
+    let (x, xb) = inputs(gpu, m, x_stride, seed);
+    let mut acts = ActScratch::new(gpu, 16, cols.max(4096)).unwrap();
+    acts.prepare(gpu, k, xb.ptr(), x_stride, m, cols).unwrap();
+    let mut want = reference(w, rows, cols, &as_seen(ty, &x, cols, x_stride), x_stride, m);
+    let mut exact = reference(w, rows, cols, &x, x_stride, m);
+    let bias_vals = random(rows, 0.5, seed + 7);
+    let bias = if seed.is_multiple_of(3) {
+        for row in want.iter_mut().chain(&mut exact) {
+            row.iter_mut()
+                .zip(&bias_vals)
+                .for_each(|(y, &b)| *y += b as f64);
+        }
+        Some(gpu.upload(&bias_vals).unwrap())
+    } else {
+        None
+    };
+    let y = poisoned(gpu, m, y_stride);
+    matmul::gemv(
+        gpu,
+        k,
+        &dm,
+        &acts,
+        m,
+        y.ptr(),
+        y_stride,
+        bias.as_ref().map(|b| b.ptr()),
+    )
+    .unwrap();
+    gpu.sync().unwrap();
+    check_output(
+        gpu,
+        &y,
+        m,
+        rows,
+        y_stride,
+        &want,
+        &exact,
+        (tolerance(ty), EXACT_TOL),
+        &format!("{what} {ty} {rows}x{cols} m={m}"),
+    );
+}
+
+#[test]
+fn gemv_matches_reference_for_every_type_and_shape() {
+    let Some(gpu) = gpu() else { return };
+    let k = kernels(&gpu);
+    for &ty in TYPES {
+        for (i, &shape) in shapes(ty).iter().enumerate() {
+            let seed = 1000 * (ty as u64) + i as u64;
+            let w = quantized(ty, shape.0, shape.1, seed);
+            run_gemv_case(&gpu, &k, ty, &w, shape, seed, "quantized");
+        }
+    }
+}
+
+#[test]
+fn gemv_reads_every_bit_of_random_blocks() {
+    let Some(gpu) = gpu() else { return };
+    let k = kernels(&gpu);
+    for &ty in TYPES {
+        for (i, &shape) in [(9, 512, 1), (31, 2304, 3), (4, 4096, 16)]
+            .iter()
+            .enumerate()
+        {
+            let seed = 77 + 1000 * (ty as u64) + i as u64;
+            let w = random_bytes(ty, shape.0, shape.1, seed);
+            run_gemv_case(&gpu, &k, ty, &w, shape, seed, "random bytes");
+        }
+    }
+}
+
+fn act_ref(act: Activation, g: f64) -> f64 {
+    match act {
+        Activation::Silu => g / (1.0 + (-g).exp()),
+        Activation::GeluTanh => {
+            let u = (2.0 / std::f64::consts::PI).sqrt() * g * (1.0 + 0.044715 * g * g);
+            g / (1.0 + (-2.0 * u).exp())
+        }
+    }
+}
+
+#[test]
+fn gated_product_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    let k = kernels(&gpu);
+    // Same-type pairs take the fused kernel; a mixed pair takes two launches.
+    let mut pairs: Vec<(GgmlType, GgmlType)> = TYPES.iter().map(|&t| (t, t)).collect();
+    pairs.push((GgmlType::Q4_K, GgmlType::Q6_K));
+    pairs.push((GgmlType::Q8_0, GgmlType::F16));
+    for (i, &(tg, tu)) in pairs.iter().enumerate() {
+        for (j, &(rows, cols, m)) in [(19, 512, 1), (130, 2304, 4), (7, 4096, 13), (33, 1024, 16)]
+            .iter()
+            .enumerate()
+        {
+            let act = if (i + j) % 2 == 0 {
+                Activation::Silu
+            } else {
+                Activation::GeluTanh
+            };
+            let seed = 5000 + 100 * i as u64 + j as u64;
+            let (gb, gw) = quantized(tg, rows, cols, seed);
+            let (ub, uw) = quantized(tu, rows, cols, seed + 50);
+            let gate = DeviceMatrix::upload(&gpu, tg, &gb, rows, cols).unwrap();
+            let up = DeviceMatrix::upload(&gpu, tu, &ub, rows, cols).unwrap();
+            let x_stride = cols + 4 * (j % 2);
+            let out_stride = rows + 3 * (j % 2);
+            let (x, xb) = inputs(&gpu, m, x_stride, seed + 1);
+            let mut acts = ActScratch::new(&gpu, m, cols).unwrap();
+            acts.prepare(&gpu, &k, xb.ptr(), x_stride, m, cols).unwrap();
+            let gated = |g: &[Vec<f64>], u: &[Vec<f64>]| -> Vec<Vec<f64>> {
+                g.iter()
+                    .zip(u)
+                    .map(|(g, u)| {
+                        g.iter()
+                            .zip(u)
+                            .map(|(&g, &u)| act_ref(act, g) * u)
+                            .collect()
+                    })
+                    .collect()
+            };
+            let g = reference(
+                &gw,
+                rows,
+                cols,
+                &as_seen(tg, &x, cols, x_stride),
+                x_stride,
+                m,
+            );
+            let u = reference(
+                &uw,
+                rows,
+                cols,
+                &as_seen(tu, &x, cols, x_stride),
+                x_stride,
+                m,
+            );
+            let u_exact = reference(&uw, rows, cols, &x, x_stride, m);
+            let want = gated(&g, &u);
+            let exact = gated(&reference(&gw, rows, cols, &x, x_stride, m), &u_exact);
+            let out = poisoned(&gpu, m, out_stride);
+            matmul::gemv_gated(&gpu, &k, &gate, &up, &acts, m, out.ptr(), out_stride, act).unwrap();
+            // The same prepared input serves a plain product afterwards (as q, k and v share one).
+            let y = poisoned(&gpu, m, rows);
+            matmul::gemv(&gpu, &k, &up, &acts, m, y.ptr(), rows, None).unwrap();
+            gpu.sync().unwrap();
+            let tol = 2.0 * tolerance(tg).max(tolerance(tu));
+            let what = format!("gated {tg}/{tu} {rows}x{cols} m={m} {act:?}");
+            check_output(
+                &gpu,
+                &out,
+                m,
+                rows,
+                out_stride,
+                &want,
+                &exact,
+                (tol, 2.0 * EXACT_TOL),
+                &what,
+            );
+            check_output(
+                &gpu,
+                &y,
+                m,
+                rows,
+                rows,
+                &u,
+                &u_exact,
+                (tolerance(tu), EXACT_TOL),
+                &format!("{what}, then up alone"),
+            );
+        }
+    }
+}
+
+#[test]
+fn embed_matches_dequantize() {
+    let Some(gpu) = gpu() else { return };
+    let k = kernels(&gpu);
+    for &ty in TYPES {
+        for (rows, cols) in [(37, 256), (5, 2304)] {
+            for random_blocks in [false, true] {
+                let seed = 9000 + ty as u64;
+                let (bytes, w) = if random_blocks {
+                    random_bytes(ty, rows, cols, seed)
+                } else {
+                    quantized(ty, rows, cols, seed)
+                };
+                let table = DeviceMatrix::upload(&gpu, ty, &bytes, rows, cols).unwrap();
+                // Boundary ids, repeats, and two ids past the table (which give zero rows).
+                let tokens: Vec<u32> = vec![
+                    0,
+                    rows as u32 - 1,
+                    3,
+                    rows as u32 - 1,
+                    0,
+                    rows as u32,
+                    u32::MAX,
+                ];
+                let m = tokens.len();
+                let tb = gpu.upload(&tokens).unwrap();
+                let out = gpu.upload(&vec![POISON; (m + 1) * cols]).unwrap();
+                let scale = 1.7f32;
+                matmul::embed(&gpu, &k, &table, tb.ptr(), m, out.ptr(), scale).unwrap();
+                let mut got = vec![0f32; (m + 1) * cols];
+                gpu.read(&out, 0, &mut got).unwrap();
+                for (t, &tok) in tokens.iter().enumerate() {
+                    let row = &got[t * cols..(t + 1) * cols];
+                    if (tok as usize) < rows {
+                        let want = &w[tok as usize * cols..(tok as usize + 1) * cols];
+                        let amax = want.iter().fold(0f32, |a, v| a.max(v.abs())) * scale;
+                        for (c, (&g, &v)) in row.iter().zip(want).enumerate() {
+                            let d = (g - v * scale).abs();
+                            assert!(
+                                d <= 1e-6 * amax,
+                                "{ty} {rows}x{cols}: token {tok} [{c}] = {g}, want {}",
+                                v * scale
+                            );
+                        }
+                    } else {
+                        assert!(
+                            row.iter().all(|&v| v == 0.0),
+                            "{ty}: id {tok} past the table"
+                        );
+                    }
+                }
+                assert!(
+                    got[m * cols..]
+                        .iter()
+                        .all(|v| v.to_bits() == POISON.to_bits()),
+                    "{ty}: wrote past m rows"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_arguments_are_refused() {
+    let Some(gpu) = gpu() else { return };
+    let k = MatmulKernels::new(&gpu, &[GgmlType::Q4_0]).unwrap();
+    let (bytes, _) = quantized(GgmlType::Q4_0, 4, 64, 1);
+    let unsupported =
+        |r: Result<DeviceMatrix, CudaError>| matches!(r, Err(CudaError::Unsupported(_)));
+    let bounds = |r: Result<(), CudaError>| matches!(r, Err(CudaError::Bounds(_)));
+    assert!(unsupported(DeviceMatrix::upload(
+        &gpu,
+        GgmlType::Q8_K,
+        &[0; 292],
+        1,
+        256
+    )));
+    assert!(unsupported(DeviceMatrix::upload(
+        &gpu,
+        GgmlType::IQ2_XXS,
+        &[0; 66],
+        1,
+        256
+    )));
+    assert!(unsupported(DeviceMatrix::upload(
+        &gpu,
+        GgmlType::F32,
+        &[0; 4 * 48],
+        1,
+        48
+    )));
+    assert!(matches!(
+        DeviceMatrix::upload(&gpu, GgmlType::Q4_0, &bytes[1..], 4, 64),
+        Err(CudaError::Bounds(_))
+    ));
+    assert!(matches!(
+        MatmulKernels::new(&gpu, &[GgmlType::Q8_K]),
+        Err(CudaError::Unsupported(_))
+    ));
+    let w = DeviceMatrix::upload(&gpu, GgmlType::Q4_0, &bytes, 4, 64).unwrap();
+    let x = gpu.alloc(4 * 2 * 128).unwrap();
+    let y = gpu.alloc(4 * 2 * 4).unwrap();
+    let mut acts = ActScratch::new(&gpu, 2, 128).unwrap();
+    // Not prepared yet.
+    assert!(bounds(matmul::gemv(
+        &gpu,
+        &k,
+        &w,
+        &acts,
+        1,
+        y.ptr(),
+        4,
+        None
+    )));
+    assert!(bounds(acts.prepare(&gpu, &k, x.ptr(), 64, 3, 64)));
+    assert!(bounds(acts.prepare(&gpu, &k, x.ptr() + 4, 64, 1, 64)));
+    assert!(bounds(acts.prepare(&gpu, &k, x.ptr(), 32, 1, 64)));
+    assert!(matches!(
+        acts.prepare(&gpu, &k, x.ptr(), 128, 1, 48),
+        Err(CudaError::Unsupported(_))
+    ));
+    acts.prepare(&gpu, &k, x.ptr(), 128, 2, 128).unwrap();
+    // Columns differ from the prepared input's.
+    assert!(bounds(matmul::gemv(
+        &gpu,
+        &k,
+        &w,
+        &acts,
+        1,
+        y.ptr(),
+        4,
+        None
+    )));
+    acts.prepare(&gpu, &k, x.ptr(), 64, 2, 64).unwrap();
+    assert!(bounds(matmul::gemv(
+        &gpu,
+        &k,
+        &w,
+        &acts,
+        3,
+        y.ptr(),
+        4,
+        None
+    )));
+    assert!(bounds(matmul::gemv(
+        &gpu,
+        &k,
+        &w,
+        &acts,
+        2,
+        y.ptr(),
+        3,
+        None
+    )));
+    assert!(bounds(matmul::gemv(
+        &gpu,
+        &k,
+        &w,
+        &acts,
+        1,
+        y.ptr(),
+        4,
+        Some(0)
+    )));
+    assert!(bounds(matmul::embed(
+        &gpu,
+        &k,
+        &w,
+        x.ptr(),
+        1,
+        y.ptr() + 4,
+        1.0
+    )));
+    let other = DeviceMatrix::upload(
+        &gpu,
+        GgmlType::Q8_0,
+        &quantized(GgmlType::Q8_0, 4, 64, 2).0,
+        4,
+        64,
+    )
+    .unwrap();
+    assert!(matches!(
+        matmul::gemv(&gpu, &k, &other, &acts, 1, y.ptr(), 4, None),
+        Err(CudaError::Unsupported(_))
+    ));
+    matmul::gemv(&gpu, &k, &w, &acts, 2, y.ptr(), 4, None).unwrap();
+    gpu.sync().unwrap();
+}
+
+#[test]
+fn every_module_variant_compiles() {
+    if !compile::nvrtc_present() {
+        eprintln!("skipped: no NVRTC");
+        return;
+    }
+    for (file, defines) in matmul::modules() {
+        let key = ModuleKey::new(file, "sm_90a", &defines);
+        if let Err(e) = compile::compile(&key) {
+            panic!("{file} {defines:?}: {e}");
+        }
+    }
+}
+
+/// Decode-sized products timed in a CUDA graph, weights rotated through enough copies to
+/// defeat the L2 cache. `cargo test --release -p akunu-cuda --test matmul -- --ignored
+/// --nocapture gemv_bandwidth`
+#[test]
+#[ignore]
+fn gemv_bandwidth() {
+    use cudarc::driver::sys;
+    let Some(gpu) = gpu() else { return };
+    let types = [
+        GgmlType::Q4_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::Q5_0,
+        GgmlType::F16,
+    ];
+    let k = MatmulKernels::new(&gpu, &types).unwrap();
+    let shapes = [(4096, 4096), (14336, 4096), (4096, 14336), (151936, 1024)];
+    for &ty in &types {
+        for &(rows, cols) in &shapes {
+            let bytes = random_bytes_fast(ty, rows, cols);
+            let first = DeviceMatrix::upload(&gpu, ty, &bytes, rows, cols).unwrap();
+            let copies = (256 << 20) / first.device_bytes() + 1;
+            let mut mats = vec![first];
+            for _ in 1..copies {
+                mats.push(DeviceMatrix::upload(&gpu, ty, &bytes, rows, cols).unwrap());
+            }
+            let x = gpu.upload(&random(16 * cols, 1.0, 3)).unwrap();
+            let y = gpu.alloc(16 * rows * 4).unwrap();
+            let mut acts = ActScratch::new(&gpu, 16, cols).unwrap();
+            let mut line = format!("{ty:>6} {rows:>6}x{cols:<6}");
+            for m in [1, 2, 4, 8, 16] {
+                acts.prepare(&gpu, &k, x.ptr(), cols, m, cols).unwrap();
+                gpu.sync().unwrap();
+                let reps = 4 * copies.max(8);
+                let stream = gpu.stream();
+                stream
+                    .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+                    .unwrap();
+                for i in 0..reps {
+                    matmul::gemv(&gpu, &k, &mats[i % copies], &acts, m, y.ptr(), rows, None)
+                        .unwrap();
+                }
+                let graph = stream
+                    .end_capture(sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
+                    .unwrap()
+                    .unwrap();
+                graph.launch().unwrap();
+                gpu.sync().unwrap();
+                let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+                let start = stream.record_event(flags).unwrap();
+                for _ in 0..3 {
+                    graph.launch().unwrap();
+                }
+                let end = stream.record_event(flags).unwrap();
+                let ms = start.elapsed_ms(&end).unwrap() as f64 / (3 * reps) as f64;
+                let gbs = mats[0].device_bytes() as f64 / (ms * 1e-3) / 1e9;
+                line += &format!("  m={m}: {:>6.1} us {gbs:>5.0} GB/s", ms * 1e3);
+            }
+            println!("{line}");
+        }
+    }
+}
+
+/// Random blocks with small f16 scales, without the reference dequantization (for timing).
+fn random_bytes_fast(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let mut rng = StdRng::seed_from_u64(5);
+    let n = ty.bytes_for((rows * cols) as u64).unwrap() as usize;
+    let mut bytes: Vec<u8> = (0..n).map(|_| rng.random()).collect();
+    if ty.is_quantized() {
+        for blk in bytes.chunks_exact_mut(ty.type_size()) {
+            for &o in f16_fields(ty) {
+                blk[o..o + 2].copy_from_slice(&half::f16::from_f32(0.01).to_bits().to_le_bytes());
+            }
+        }
+    } else {
+        let one = if ty == GgmlType::F32 {
+            vec![0, 0, 128, 63]
+        } else if ty == GgmlType::F16 {
+            vec![0, 60]
+        } else {
+            vec![128, 63]
+        };
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = one[i % one.len()];
+        }
+    }
+    bytes
+}

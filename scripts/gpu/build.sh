@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds, on a development machine, everything the GPU machine runs (it has no Rust), into
+# .gpu/ (git-ignored): the release `akunu` binary, the akunu-cuda test executables (stripped),
+# the tiny test models, the synthetic-model generator and the llama.cpp source archive.
+# Then call the device tool with carry [".gpu"] and the command `bash scripts/gpu/device.sh`.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=.gpu
+rm -rf "$out" && mkdir -p "$out/bin" "$out/tiny"
+cargo build --release -q -p akunu-cli
+cp target/release/akunu "$out/bin/"
+cargo test --release -q -p akunu-cuda --no-run --message-format=json 2>/dev/null \
+  | python3 -c '
+import json, sys, shutil
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        shutil.copy(m["executable"], ".gpu/bin/test-" + m["target"]["name"])
+'
+strip "$out"/bin/*
+refdata=${AKUNU_REFDATA:-.refdata}
+cp "$refdata"/engine/tiny/*.gguf "$out/tiny/"
+shared=$(realpath ../shared 2>/dev/null || true)
+if [ -d "$shared/bench" ]; then cp "$shared"/bench/synth_gguf.py "$shared"/bench/llamacpp-peer.sh "$out/"; fi
+if [ -f .peer/llama.cpp.tar.xz ]; then cp .peer/llama.cpp.tar.xz "$out/"; fi
+du -sh "$out"; ls -la "$out" "$out/bin"

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine over the working tree and the carried .gpu/ (see build.sh): the GPU
+# kernel tests, the whole-model checks against the CPU backend, compute-sanitizer, and
+# `akunu bench` beside llama.cpp on identical synthetic models. Logs go to $OUT; the last
+# lines printed are the summary table.
+#   GPU_STAGES="tests sanitize e2e bench" (default: all)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+LOGS=/tmp/gpu-logs; rm -rf $LOGS; mkdir -p $LOGS
+G=$PWD/.gpu; B=$G/bin
+stages=${GPU_STAGES:-tests sanitize e2e bench}
+models=${GPU_MODELS:-qwen3-0.6b:q4_0 llama3.2-1b:q4_0 qwen3-4b:q4_k llama3.1-8b:q4_0 llama3.1-8b:q4_k}
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export AKUNU_REQUIRE_GPU=1 AKUNU_KERNEL_CACHE=/tmp/akunu-kernels
+export AKUNU_REFDATA=/tmp/refdata; mkdir -p $AKUNU_REFDATA/engine && ln -sfn "$G/tiny" $AKUNU_REFDATA/engine/tiny
+summary=$OUT/summary.txt; : > "$summary"
+row() { echo "$*" | tee -a "$summary"; }
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee "$OUT/gpu.txt"
+gpu=$(head -1 "$OUT/gpu.txt" | cut -d, -f1)
+
+# Background: llama.cpp build and the synthetic models, while the tests run.
+if [[ $stages == *bench* || $stages == *e2e* ]]; then
+  [[ $stages == *bench* ]] && ( bash "$G/llamacpp-peer.sh" build "$G/llama.cpp.tar.xz" > "$LOGS/llamacpp-build.log" 2>&1 ) &
+  peer_pid=$!
+  ( mkdir -p /tmp/models; tar xJf "$G/llama.cpp.tar.xz" -C /tmp/models ./gguf-py 2>/dev/null
+    for spec in $models; do p=${spec%%:*}; q=${spec##*:}
+      [ -f /tmp/models/$p-$q.gguf ] || PYTHONPATH=/tmp/models/gguf-py python3 "$G/synth_gguf.py" $p $q /tmp/models/$p-$q.gguf
+    done > "$LOGS/synth.log" 2>&1 ) &
+  synth_pid=$!
+fi
+
+if [[ $stages == *tests* ]]; then
+  for t in "$B"/test-*; do
+    [[ $t == *test-nvrtc ]] && continue  # compiled in CI; slow here
+    n=$(basename "$t")
+    if "$t" --test-threads 1 > "$LOGS/$n.log" 2>&1; then r=pass; else r=FAIL; fi
+    row "test $n: $r ($(grep -E '^test result' "$LOGS/$n.log" | tail -1))"
+  done
+fi
+
+if [[ $stages == *sanitize* ]]; then
+  for tool in memcheck racecheck; do
+    for n in test-layers test-matmul test-sample; do
+      [ -x "$B/$n" ] || continue
+      AKUNU_SANITIZE=1 timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$B/$n" --test-threads 1 > "$LOGS/sanitize-$tool-$n.log" 2>&1
+      rc=$?; row "compute-sanitizer $tool $n: $([ $rc = 0 ] && echo clean || echo "rc=$rc $(grep -m1 -E 'ERROR SUMMARY|Invalid|hazard' "$LOGS/sanitize-$tool-$n.log")")"
+    done
+  done
+fi
+
+if [[ $stages == *e2e* ]]; then
+  wait $synth_pid
+  if true; then
+    small=$(for spec in $models; do case $spec in qwen3-0.6b*|llama3.2-1b*) echo -n "/tmp/models/${spec%%:*}-${spec##*:}.gguf:";; esac; done)
+    AKUNU_GPU_MODELS=$small "$B/test-backend" --test-threads 1 > "$LOGS/e2e-synthetic.log" 2>&1
+    row "e2e synthetic models vs CPU: $([ $? = 0 ] && echo pass || echo FAIL)"
+  fi
+fi
+if [[ $stages == *bench* ]]; then
+  wait $synth_pid $peer_pid
+  row ""; row "GPU: $gpu"
+  row "| model | akunu pp512 | llama.cpp pp512 | ratio | akunu tg128 | llama.cpp tg128 | ratio |"
+  row "|---|---|---|---|---|---|---|"
+  for spec in $models; do
+    m=/tmp/models/${spec%%:*}-${spec##*:}.gguf
+    "$B/akunu" bench -m "$m" -p 512 -n 128 -r 3 -o md > "$LOGS/akunu-bench-$(basename $m).md" 2>"$LOGS/akunu-bench-$(basename $m).err"
+    bash "$G/llamacpp-peer.sh" bench "$m" > "$LOGS/llamacpp-bench-$(basename $m).md" 2>&1
+    a_pp=$(grep pp512 "$LOGS/akunu-bench-$(basename $m).md" | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
+    a_tg=$(grep tg128 "$LOGS/akunu-bench-$(basename $m).md" | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
+    l_pp=$(grep pp512 "$LOGS/llamacpp-bench-$(basename $m).md" | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
+    l_tg=$(grep tg128 "$LOGS/llamacpp-bench-$(basename $m).md" | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
+    ratio() { python3 -c "import sys; a,b=sys.argv[1:]; print(f'{float(a)/float(b):.2f}')" "$1" "$2" 2>/dev/null || echo "?"; }
+    row "| ${spec} | ${a_pp:-?} | ${l_pp:-?} | $(ratio "$a_pp" "$l_pp") | ${a_tg:-?} | ${l_tg:-?} | $(ratio "$a_tg" "$l_tg") |"
+  done
+fi
+# One file of every log (the device returns few files), failures first.
+{ grep -l -E "FAILED|panicked|ERROR SUMMARY: [1-9]" $LOGS/* 2>/dev/null | while read f; do echo "##### $f"; grep -E -B2 -A12 "panicked|FAILED|Invalid|hazard" "$f" | head -150; done
+  for f in $LOGS/*; do echo "##### $f"; tail -n 60 "$f"; done; } > "$OUT/logs.txt"
+echo; echo "=== summary ==="; cat "$summary"
