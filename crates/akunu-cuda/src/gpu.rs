@@ -172,9 +172,12 @@ impl Gpu {
             bytes,
             ctx: self.ctx.clone(),
         };
+        // The clear goes on our stream (a plain cuMemsetD8 runs on the legacy stream, which our
+        // non-blocking stream does not wait for, so it could land after a later write).
         // SAFETY: `n` bytes at `ptr` belong to the allocation above.
-        unsafe { result::memset_d8_sync(ptr, 0, n) }
+        unsafe { result::memset_d8_async(ptr, 0, n, self.stream.cu_stream()) }
             .map_err(|e| CudaError::driver("clearing a buffer", e))?;
+        self.sync()?;
         Ok(buf)
     }
 
