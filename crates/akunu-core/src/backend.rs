@@ -19,6 +19,59 @@ pub struct Batch<'a> {
     pub outputs: &'a [u32],
 }
 
+impl Batch<'_> {
+    /// Checks the batch against a backend's sizes: 1..=`max_batch` tokens with a position and
+    /// slot each, ids inside the vocabulary, slots and positions inside the cache, outputs
+    /// ascending rows of the batch. Backends call it before any work.
+    pub fn check(
+        &self,
+        max_batch: usize,
+        n_vocab: usize,
+        n_slots: usize,
+        n_ctx: usize,
+    ) -> Result<(), EngineError> {
+        let n = self.tokens.len();
+        if n == 0 || n > max_batch {
+            return Err(EngineError::BadBatch(format!(
+                "{n} tokens (1..={max_batch} per pass)"
+            )));
+        }
+        if self.positions.len() != n || self.slots.len() != n {
+            return Err(EngineError::BadBatch(
+                "tokens, positions and slots differ in length".into(),
+            ));
+        }
+        for i in 0..n {
+            if self.tokens[i] as usize >= n_vocab {
+                return Err(EngineError::BadToken {
+                    id: self.tokens[i],
+                    n_vocab,
+                });
+            }
+            if self.slots[i] as usize >= n_slots {
+                return Err(EngineError::BadSlot {
+                    slot: self.slots[i] as usize,
+                    n_slots,
+                });
+            }
+            if self.positions[i] as usize >= n_ctx {
+                return Err(EngineError::BadBatch(format!(
+                    "position {} is outside the context of {}",
+                    self.positions[i], n_ctx
+                )));
+            }
+        }
+        if self.outputs.windows(2).any(|w| w[0] >= w[1])
+            || self.outputs.last().is_some_and(|&o| o as usize >= n)
+        {
+            return Err(EngineError::BadBatch(
+                "outputs must be ascending row indices of the batch".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
 pub trait Backend {
     /// One line for logs and statistics (`"CPU, 2 threads, avx512vnni"`).
     fn describe(&self) -> String;

@@ -272,50 +272,6 @@ impl CpuBackend {
         self.op_times.as_deref()
     }
 
-    fn check(&self, batch: &Batch) -> Result<(), EngineError> {
-        let n = batch.tokens.len();
-        if n == 0 || n > self.opts.max_batch {
-            return Err(EngineError::BadBatch(format!(
-                "{n} tokens (1..={} per pass)",
-                self.opts.max_batch
-            )));
-        }
-        if batch.positions.len() != n || batch.slots.len() != n {
-            return Err(EngineError::BadBatch(
-                "tokens, positions and slots differ in length".into(),
-            ));
-        }
-        let n_vocab = self.model.config.n_vocab;
-        for i in 0..n {
-            if batch.tokens[i] as usize >= n_vocab {
-                return Err(EngineError::BadToken {
-                    id: batch.tokens[i],
-                    n_vocab,
-                });
-            }
-            if batch.slots[i] as usize >= self.opts.n_slots {
-                return Err(EngineError::BadSlot {
-                    slot: batch.slots[i] as usize,
-                    n_slots: self.opts.n_slots,
-                });
-            }
-            if batch.positions[i] as usize >= self.opts.n_ctx {
-                return Err(EngineError::BadBatch(format!(
-                    "position {} is outside the context of {}",
-                    batch.positions[i], self.opts.n_ctx
-                )));
-            }
-        }
-        if batch.outputs.windows(2).any(|w| w[0] >= w[1])
-            || batch.outputs.last().is_some_and(|&o| o as usize >= n)
-        {
-            return Err(EngineError::BadBatch(
-                "outputs must be ascending row indices of the batch".into(),
-            ));
-        }
-        Ok(())
-    }
-
     fn run(&mut self, batch: &Batch) -> Result<(), EngineError> {
         let mut rows = batch.tokens.len();
         self.acts_of = None;
@@ -669,7 +625,12 @@ impl Backend for CpuBackend {
     }
 
     fn forward(&mut self, batch: &Batch) -> Result<(), EngineError> {
-        self.check(batch)?;
+        batch.check(
+            self.opts.max_batch,
+            self.model.config.n_vocab,
+            self.opts.n_slots,
+            self.opts.n_ctx,
+        )?;
         // The pass runs on a pool thread, so the parallel ops inside start on the pool
         // directly instead of each handing work over from the caller's thread and back (a
         // wake-up per op, about 3 ms per decode step on the default model).

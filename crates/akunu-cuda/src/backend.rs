@@ -23,7 +23,7 @@ use std::sync::Arc;
 use akunu_core::{Activation, Backend, Batch, Buf, EngineError, Model, Op, RopeStyle};
 use akunu_quant::GgmlType;
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::CudaGraph;
+use cudarc::driver::{CudaEvent, CudaGraph};
 
 use crate::gemm::{GemmKernels, GemmScratch};
 use crate::gpu::{Arg, DeviceBuffer, Gpu, Kernel};
@@ -318,50 +318,6 @@ impl CudaBackend {
         self.op_times.as_deref()
     }
 
-    fn check(&self, batch: &Batch) -> Result<(), EngineError> {
-        let n = batch.tokens.len();
-        if n == 0 || n > self.opts.max_batch {
-            return Err(EngineError::BadBatch(format!(
-                "{n} tokens (1..={} per pass)",
-                self.opts.max_batch
-            )));
-        }
-        if batch.positions.len() != n || batch.slots.len() != n {
-            return Err(EngineError::BadBatch(
-                "tokens, positions and slots differ in length".into(),
-            ));
-        }
-        let n_vocab = self.model.config.n_vocab;
-        for i in 0..n {
-            if batch.tokens[i] as usize >= n_vocab {
-                return Err(EngineError::BadToken {
-                    id: batch.tokens[i],
-                    n_vocab,
-                });
-            }
-            if batch.slots[i] as usize >= self.opts.n_slots {
-                return Err(EngineError::BadSlot {
-                    slot: batch.slots[i] as usize,
-                    n_slots: self.opts.n_slots,
-                });
-            }
-            if batch.positions[i] as usize >= self.opts.n_ctx {
-                return Err(EngineError::BadBatch(format!(
-                    "position {} is outside the context of {}",
-                    batch.positions[i], self.opts.n_ctx
-                )));
-            }
-        }
-        if batch.outputs.windows(2).any(|w| w[0] >= w[1])
-            || batch.outputs.last().is_some_and(|&o| o as usize >= n)
-        {
-            return Err(EngineError::BadBatch(
-                "outputs must be ascending row indices of the batch".into(),
-            ));
-        }
-        Ok(())
-    }
-
     fn upload_meta(&mut self, batch: &Batch) -> Result<(), CudaError> {
         let l = &self.meta_layout;
         let n = batch.tokens.len();
@@ -381,32 +337,30 @@ impl CudaBackend {
         self.bufs[b as usize].ptr()
     }
 
+    /// An event recorded on the stream now, for per-step profiles.
+    fn mark(&self) -> Result<CudaEvent, CudaError> {
+        let ev = self
+            .gpu
+            .context()
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| CudaError::driver("creating an event", e))?;
+        ev.record(self.gpu.stream())
+            .map_err(|e| CudaError::driver("recording an event", e))?;
+        Ok(ev)
+    }
+
     /// Launches every step for `m` tokens and `n_out` output rows.
     fn launch_pass(&mut self, m: usize, n_out: usize) -> Result<(), CudaError> {
         let profiling = self.op_times.is_some();
         let mut events = Vec::new();
         for i in 0..self.steps.len() {
             if profiling {
-                let ev = self
-                    .gpu
-                    .context()
-                    .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                    .map_err(|e| CudaError::driver("creating an event", e))?;
-                ev.record(self.gpu.stream())
-                    .map_err(|e| CudaError::driver("recording an event", e))?;
-                events.push(ev);
+                events.push(self.mark()?);
             }
             self.launch_step(i, m, n_out)?;
         }
         if profiling {
-            let end = self
-                .gpu
-                .context()
-                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(|e| CudaError::driver("creating an event", e))?;
-            end.record(self.gpu.stream())
-                .map_err(|e| CudaError::driver("recording an event", e))?;
-            events.push(end);
+            events.push(self.mark()?);
             self.gpu.sync()?;
             let times = self.op_times.as_mut().expect("profiling");
             for (i, w) in events.windows(2).enumerate() {
@@ -817,7 +771,12 @@ impl Backend for CudaBackend {
     }
 
     fn forward(&mut self, batch: &Batch) -> Result<(), EngineError> {
-        self.check(batch)?;
+        batch.check(
+            self.opts.max_batch,
+            self.model.config.n_vocab,
+            self.opts.n_slots,
+            self.opts.n_ctx,
+        )?;
         let (m, n_out) = (batch.tokens.len(), batch.outputs.len());
         self.upload_meta(batch).map_err(backend_err)?;
         self.run(m, n_out, false).map_err(backend_err)?;

@@ -102,7 +102,8 @@ impl ChipConfig {
             chain: env_override("chain", 64),
             first_chain: env_override("first_chain", 4),
             gemv_warps: env_override("gemv_warps", 4),
-            gemv_max_m: env_override("gemv_max_m", 16).clamp(1, 16),
+            gemv_max_m: env_override("gemv_max_m", crate::matmul::MAX_M)
+                .clamp(1, crate::matmul::MAX_M),
         }
     }
 }
