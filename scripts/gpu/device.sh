@@ -3,13 +3,13 @@
 # kernel tests, the whole-model checks against the CPU backend, compute-sanitizer, and
 # `akunu bench` beside llama.cpp on identical synthetic models. Logs go to $OUT; the last
 # lines printed are the summary table.
-#   GPU_STAGES="tests sanitize e2e bench" (default: all)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
+#   GPU_STAGES="tests sanitize e2e profile bench" (default: all)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 LOGS=/tmp/gpu-logs; rm -rf $LOGS; mkdir -p $LOGS
 G=$PWD/.gpu; B=$G/bin
-stages=${GPU_STAGES:-tests sanitize e2e bench}
+stages=${GPU_STAGES:-tests sanitize e2e profile bench}
 models=${GPU_MODELS:-qwen3-0.6b:q4_0 llama3.2-1b:q4_0 qwen3-4b:q4_k llama3.1-8b:q4_0 llama3.1-8b:q4_k}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export AKUNU_REQUIRE_GPU=1 AKUNU_KERNEL_CACHE=/tmp/akunu-kernels
@@ -20,7 +20,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=c
 gpu=$(head -1 "$OUT/gpu.txt" | cut -d, -f1)
 
 # Background: llama.cpp build and the synthetic models, while the tests run.
-if [[ $stages == *bench* || $stages == *e2e* ]]; then
+if [[ $stages == *bench* || $stages == *e2e* || $stages == *profile* ]]; then
   [[ $stages == *bench* ]] && ( bash "$G/llamacpp-peer.sh" build "$G/llama.cpp.tar.xz" > "$LOGS/llamacpp-build.log" 2>&1 ) &
   peer_pid=$!
   ( mkdir -p /tmp/models; tar xJf "$G/llama.cpp.tar.xz" -C /tmp/models ./gguf-py 2>/dev/null
@@ -56,6 +56,14 @@ if [[ $stages == *e2e* ]]; then
     AKUNU_GPU_MODELS=$small "$B/test-backend" --test-threads 1 > "$LOGS/e2e-synthetic.log" 2>&1
     row "e2e synthetic models vs CPU: $([ $? = 0 ] && echo pass || echo FAIL)"
   fi
+fi
+if [[ $stages == *profile* ]]; then
+  wait $synth_pid
+  for spec in $models; do
+    m=/tmp/models/${spec%%:*}-${spec##*:}.gguf
+    "$B/akunu" profile -m "$m" -p 512 -n 64 --device cuda > "$OUT/profile-$spec.md" 2>&1 \
+      || row "profile $spec: FAIL ($(tail -1 "$OUT/profile-$spec.md"))"
+  done
 fi
 if [[ $stages == *bench* ]]; then
   wait $synth_pid $peer_pid

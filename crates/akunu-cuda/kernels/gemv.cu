@@ -8,12 +8,12 @@
 // values per __dp4a with int32 sums inside a sub-block and f32 across them. Float weights
 // (F32, F16, BF16) meet the f32 activations directly.
 //
-// Work split: a warp owns one output row (two for m > 1, or the gate and up rows of one output
-// in the gated kernel) and walks the row in per-type "chunks" of 16 to 64 weight bytes: lane l
-// takes chunks l, l + 32, ... so every weight load is 16 bytes, the warp reads 512 contiguous
-// bytes at a time, and each lane keeps UNROLL chunks in flight. A chunk's activations are loaded
-// once per token and serve every row the warp owns. The per-lane partial sums of all
-// (row, token) pairs are then reduced across the warp in one butterfly.
+// Work split: a warp owns NR output rows (1 or 2 for m = 1 by type, 4 for m = 4 and 8, else 2;
+// the gated kernel: the gate and up rows of one output) and walks them in per-type "chunks" of
+// 16 to 64 weight bytes: lane l takes chunks l, l + 32, ... so every weight load is 16 bytes,
+// the warp reads 512 contiguous bytes at a time, and each lane keeps UNROLL chunks in flight. A
+// chunk's activations are loaded once per token and serve every row the warp owns. The per-lane
+// partial sums of all (row, token) pairs are then reduced across the warp in one butterfly.
 #include "common.cuh"
 
 #ifndef QTYPE
@@ -754,7 +754,7 @@ __device__ __forceinline__ void gemv_gated(const QMatrix& gate, const QMatrix& u
 GEMV_ENTRIES(1, M1_ROWS, M1_ROWS == 1 ? 4 : 2, 2)
 GEMV_ENTRIES(2, 2, 2, 2)
 GEMV_ENTRIES(4, 4, 1, 2)
-GEMV_ENTRIES(8, 4, 1, 2)
+GEMV_ENTRIES(8, 4, 1, 1)
 GEMV_ENTRIES(16, 2, 1, 1)
 
 #endif

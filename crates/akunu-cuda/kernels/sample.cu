@@ -425,12 +425,21 @@ struct ListRegs {
     float floor;
     u64 kmin;
 
-    __device__ __forceinline__ void load(const u64* lists, const u32* cnt, u32 splits) {
+    // Every slot of the first `splits` lists, stale ones included, so the loads need not wait
+    // for the lengths; mask() then drops the slots past each list's length.
+    __device__ __forceinline__ void load(const u64* lists, u32 splits) {
 #pragma unroll
         for (int i = 0; i < LIST_REGS; i++) {
             const u32 q = threadIdx.x + i * SAMPLE_THREADS;
-            const u32 b = q / KMAX;
-            k[i] = b < splits && q % KMAX < cnt[b] ? ldcg_u64(lists + q) : 0;
+            k[i] = q / KMAX < splits ? ldcg_u64(lists + q) : 0;
+        }
+    }
+
+    __device__ __forceinline__ void mask(const u32* cnt, u32 splits) {
+#pragma unroll
+        for (int i = 0; i < LIST_REGS; i++) {
+            const u32 q = threadIdx.x + i * SAMPLE_THREADS;
+            if (q / KMAX >= splits || q % KMAX >= cnt[q / KMAX]) k[i] = 0;
         }
     }
 
@@ -490,8 +499,6 @@ __device__ __forceinline__ u64 shfl_xor_u64(u64 v, int o) {
 struct SelSmem {
     u32 cnt[NBIN];
     u64 mass[NBIN];
-    u32 omin[NBIN];
-    u32 omax[NBIN];
     u64 cand[CAPC];
     u32 ncand;
     int bin;
@@ -574,27 +581,27 @@ __device__ void rank_sort(u64* a, u32 n) {
 //                 goal is base + frac times the source's weight. All of the source when
 //                 rounding keeps the goal out of reach.
 // The first histogram bins the logits over [bref - span, bref] (bref at least every logit of
-// the source). Every thread of the block must call it, and every thread gets the result.
+// the source); the crossing bin is then narrowed by radix passes over the key bits that vary
+// inside a key interval surely holding it, its members told by their first bin. Every thread
+// of the block must call it, and every thread gets the result.
 template <bool MASS, class Src>
 __device__ u64 select_threshold(const Src& src, double goal, float frac, double base, float bref,
                                 float span, float wref, SelSmem& s) {
     const u32 tid = threadIdx.x;
     float per_nat = span > 0.0f ? (float)NBIN / span : 0.0f;
     if (!(per_nat < 1e30f)) per_nat = 0.0f;
+    const auto first_bin = [=](float l) {
+        return (u32)fminf(__fmul_rn(__fsub_rn(bref, l), per_nat), (float)(NBIN - 1));
+    };
     for (u32 i = tid; i < NBIN; i += SAMPLE_THREADS) {
         s.cnt[i] = 0;
         s.mass[i] = 0;
-        s.omin[i] = 0xffffffffu;
-        s.omax[i] = 0;
     }
     __syncthreads();
-    src.each([&](u64 key, float l) {
-        const u32 bin = (u32)fminf((bref - l) * per_nat, (float)(NBIN - 1));
+    src.each([&](u64, float l) {
+        const u32 bin = first_bin(l);
         atomicAdd(&s.cnt[bin], 1u);
         if (MASS) atomicAdd(&s.mass[bin], fixed_mass(exp_nonpositive(__fsub_rn(l, wref))));
-        const u32 o = (u32)(key >> 32);
-        atomicMin(&s.omin[bin], o);
-        atomicMax(&s.omax[bin], o);
     });
     __syncthreads();
     if (tid < WARP) {
@@ -621,8 +628,14 @@ __device__ u64 select_threshold(const Src& src, double goal, float frac, double 
     __syncthreads();
     const int bin0 = s.bin;
     if (bin0 < 0) return 0;
-    u64 klo = (u64)s.omin[bin0] << 32;
-    u64 khi = ((u64)s.omax[bin0] << 32) | 0xffffffffull;
+    // Bin j holds (bref - l) * per_nat in [j, j + 1), the last bin everything further down;
+    // widened by a margin far above the rounding of that arithmetic.
+    u64 klo = 0, khi = ~0ull;
+    if (per_nat > 0.0f) {
+        const float margin = 1e-4f * (fabsf(bref) + span) + 1e-30f;
+        khi = make_key(bref - (float)bin0 / per_nat + margin, 0);
+        if (bin0 < NBIN - 1) klo = make_key(bref - (float)(bin0 + 1) / per_nat - margin, ~0u);
+    }
     u32 c = s.cnt[bin0];
     double above = s.above;
     goal = s.goal;
@@ -639,7 +652,7 @@ __device__ u64 select_threshold(const Src& src, double goal, float frac, double 
         __syncthreads();
         const u64 lo_k = klo, hi_k = khi;
         src.each([&](u64 key, float l) {
-            if (key < lo_k || key > hi_k) return;
+            if (key < lo_k || key > hi_k || first_bin(l) != (u32)bin0) return;
             const u32 bin = 255u - ((u32)(key >> shift) & 255u);
             atomicAdd(&s.cnt[bin], 1u);
             if (MASS) atomicAdd(&s.mass[bin], fixed_mass(exp_nonpositive(__fsub_rn(l, wref))));
@@ -680,8 +693,8 @@ __device__ u64 select_threshold(const Src& src, double goal, float frac, double 
     __syncthreads();
     {
         const u64 lo_k = klo, hi_k = khi;
-        src.each([&](u64 key, float) {
-            if (key < lo_k || key > hi_k) return;
+        src.each([&](u64 key, float l) {
+            if (key < lo_k || key > hi_k || first_bin(l) != (u32)bin0) return;
             const u32 slot = atomicAdd(&s.ncand, 1u);
             if (slot < CAPC) s.cand[slot] = key;
         });
@@ -860,6 +873,8 @@ __device__ void finish_row(const SampleParams& P, RowState* st, u32* ring, u32 r
 struct SampleSmem {
     SelSmem sel;
     RowSummary sum;
+    double weight[KMAX];  // the sorted top-k's top-p weights
+    float score[KMAX];    // and Gumbel scores (-inf: weight 0 at temperature T)
     float red_v[SAMPLE_WARPS];
     u32 red_i[SAMPLE_WARPS];
     float red_max[SAMPLE_WARPS];
@@ -1008,7 +1023,10 @@ sample_f32(float* logits, u32 n, u32 per_block, float ln_n17, const SampleParams
     if (!sm.last) return;
     __threadfence();
 
-    // 4. The row's summary from the partials.
+    // 4. The row's summary from the partials (and on the fast path the lists, loaded at the
+    // same time).
+    ListRegs lr;
+    if (fast) lr.load(lists, splits);
     if (warp == 0) row_summary(parts, splits, top_k, sm.sum, sm.list_cnt);
     __syncthreads();
     const float M = sm.sum.M;
@@ -1020,10 +1038,9 @@ sample_f32(float* logits, u32 n, u32 per_block, float ln_n17, const SampleParams
         // 5a. The row's top-k from the lists, sorted; top-p and min-p cut it in rank order.
         // A full list's k-th logit bounds the row's k-th from below, so lower entries are out.
         const Cuts c = cuts_of(P, M, ln_n17);
-        ListRegs lr;
         lr.floor = fmaxf(c.floor, sm.sum.t_lo);
         lr.kmin = 0;
-        lr.load(lists, sm.list_cnt, splits);
+        lr.mask(sm.list_cnt, splits);
         const float lowest = fmaxf(lr.floor, sm.sum.list_lo);
         lr.kmin = select_threshold<false>(lr, (double)top_k, -1.0f, 0.0, M,
                                           fminf(c.tail, M - lowest), M, sm.sel);
@@ -1036,20 +1053,28 @@ sample_f32(float* logits, u32 n, u32 per_block, float ln_n17, const SampleParams
         __syncthreads();
         const u32 s = min(sm.sel.ncand, (u32)KMAX);
         rank_sort(sm.sel.cand, s);
+        const u64* cd = sm.sel.cand;
+        // Each candidate's top-p weight and Gumbel score, one thread each.
+        if (tid < s) {
+            const float l = key_val(cd[tid]);
+            sm.weight[tid] = (double)exp_nonpositive(__fsub_rn(l, M));
+            float bs = -F32_INF;
+            u32 bt = 0xffffffffu;
+            gumbel_consider(l, key_id(cd[tid]), M, P, st->step_lo, st->step_hi, bs, bt);
+            sm.score[tid] = bs;
+        }
+        __syncthreads();
         if (warp == 0) {
-            const u64* cd = sm.sel.cand;
             u32 kept = s;
             if (c.has_top_p) {
                 double z = 0.0;
-                for (u32 i = lane; i < s; i += WARP)
-                    z += (double)exp_nonpositive(__fsub_rn(key_val(cd[i]), M));
+                for (u32 i = lane; i < s; i += WARP) z += sm.weight[i];
 #pragma unroll
                 for (int o = 16; o > 0; o >>= 1) z += shfl_d(z, lane ^ o);
                 double ab = 0.0;
                 const int i = warp_cross<8>(s, 0.0, (double)P.top_p * z, false,
                                             [&](u32 e, double* v) {
-                                                *v = (double)exp_nonpositive(
-                                                    __fsub_rn(key_val(cd[e]), M));
+                                                *v = sm.weight[e];
                                                 return true;
                                             },
                                             &ab);
@@ -1063,9 +1088,13 @@ sample_f32(float* logits, u32 n, u32 per_block, float ln_n17, const SampleParams
             kept = max(1u, pass);
             float bs = -F32_INF;
             u32 bt = 0xffffffffu;
-            const u32 slo = st->step_lo, shi = st->step_hi;
-            for (u32 i = lane; i < kept; i += WARP)
-                gumbel_consider(key_val(cd[i]), key_id(cd[i]), M, P, slo, shi, bs, bt);
+            for (u32 i = lane; i < kept; i += WARP) {
+                const u32 id = key_id(cd[i]);
+                if (sm.score[i] > -F32_INF && better(sm.score[i], id, bs, bt)) {
+                    bs = sm.score[i];
+                    bt = id;
+                }
+            }
             warp_argmax(bs, bt);
             if (lane == 0) sm.token = bt == 0xffffffffu ? key_id(cd[0]) : bt;
         }

@@ -339,6 +339,17 @@ fn variant(m: usize) -> usize {
         .unwrap_or(M_VARIANTS.len() - 1)
 }
 
+/// Output rows per warp of the plain product kernel for batch variant `m` (`NR` in
+/// `kernels/gemv.cu`, `M1_ROWS` there for m = 1).
+fn rows_per_warp(ty: GgmlType, m: usize) -> usize {
+    use GgmlType as T;
+    match m {
+        1 if matches!(ty, T::F32 | T::F16 | T::BF16 | T::Q8_0) => 1,
+        4 | 8 => 4,
+        _ => 2,
+    }
+}
+
 /// One input of the products, prepared once: int8 levels per 32 values with their scales and
 /// level sums for quantized weights, and the f32 rows themselves for float weights.
 ///
@@ -515,8 +526,7 @@ fn launch_gemv(
     let tk = k.of(w.ty)?;
     let a = acts.args(w, m)?;
     let v = variant(m);
-    let rows_per_warp = if M_VARIANTS[v] == 1 { 1 } else { 2 };
-    let rows_per_block = k.warps as usize * rows_per_warp;
+    let rows_per_block = k.warps as usize * rows_per_warp(w.ty, M_VARIANTS[v]);
     let [data, aux, rows, cols] = w.args();
     gpu.launch(
         &tk.gemv[v],

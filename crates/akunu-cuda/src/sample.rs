@@ -2,10 +2,10 @@
 //! [`akunu_core::sampling`] with a seeded counter-based draw.
 //!
 //! Plan: decode replays one CUDA graph per token, so the next token is chosen on the device and
-//! the host reads tokens back once per chain. Both launches split each row of logits over a
-//! grid of blocks; the last block of a row to finish (a ticket in device memory) reduces the
-//! blocks' partials and writes the token, so one launch does the whole job and allocates and
-//! synchronizes nothing.
+//! the host reads tokens back once per chain. Every launch splits each row of logits over a
+//! grid of blocks; the last block of a row to finish (a ticket in device memory, reset by that
+//! block) reduces the blocks' partials, so the launches allocate and synchronize nothing and
+//! replay as they were captured.
 //!
 //! - [`SampleKernels::argmax`]: the index of the largest logit per row, ties to the lowest
 //!   index (NaN never wins; an all-NaN row gives 0), as greedy sampling on the CPU.
