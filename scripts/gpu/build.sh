@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds, on a development machine, everything the GPU machine runs (it has no Rust), into
-# .gpu/ (git-ignored): the release `akunu` binary, the akunu-cuda test executables (stripped),
-# the tiny test models, the synthetic-model generator and the llama.cpp source archive.
+# .gpu/ (git-ignored): the release `akunu` binary, the `flash-bench` attention benchmark, the
+# akunu-cuda test executables (stripped), the tiny test models, the synthetic-model generator
+# and the llama.cpp source archive.
 # Then call the device tool with carry [".gpu"] and the command `bash scripts/gpu/device.sh`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -9,6 +10,8 @@ out=.gpu
 rm -rf "$out" && mkdir -p "$out/bin" "$out/tiny"
 cargo build --release -q -p akunu-cli
 cp target/release/akunu "$out/bin/"
+cargo build --release -q -p akunu-cuda --bin flash-bench
+cp target/release/flash-bench "$out/bin/"
 cargo test --release -q -p akunu-cuda --no-run --message-format=json 2>/dev/null \
   | python3 -c '
 import json, sys, shutil

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over the working tree and the carried .gpu/ (see build.sh): the GPU
-# kernel tests, the whole-model checks against the CPU backend, compute-sanitizer, and
-# `akunu bench` beside llama.cpp on identical synthetic models. Logs go to $OUT; the last
-# lines printed are the summary table.
-#   GPU_STAGES="tests sanitize e2e profile bench" (default: all)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
+# kernel tests, the whole-model checks against the CPU backend, compute-sanitizer,
+# `akunu bench` beside llama.cpp on identical synthetic models, and our attention kernels beside
+# PyTorch's (flash_bench.py). Logs go to $OUT; the last lines printed are the summary table.
+#   GPU_STAGES="tests sanitize e2e profile bench flash" (default: all)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 LOGS=/tmp/gpu-logs; rm -rf $LOGS; mkdir -p $LOGS
 G=$PWD/.gpu; B=$G/bin
-stages=${GPU_STAGES:-tests sanitize e2e profile bench}
+stages=${GPU_STAGES:-tests sanitize e2e profile bench flash}
 models=${GPU_MODELS:-qwen3-0.6b:q4_0 llama3.2-1b:q4_0 qwen3-4b:q4_k llama3.1-8b:q4_0 llama3.1-8b:q4_k}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export AKUNU_REQUIRE_GPU=1 AKUNU_KERNEL_CACHE=/tmp/akunu-kernels
@@ -41,7 +41,7 @@ fi
 
 if [[ $stages == *sanitize* ]]; then
   for tool in memcheck racecheck; do
-    for n in test-layers test-matmul test-sample; do
+    for n in ${GPU_SANITIZE_TESTS:-test-flash test-layers test-matmul test-sample}; do
       [ -x "$B/$n" ] || continue
       AKUNU_SANITIZE=1 timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$B/$n" --test-threads 1 > "$LOGS/sanitize-$tool-$n.log" 2>&1
       rc=$?; row "compute-sanitizer $tool $n: $([ $rc = 0 ] && echo clean || echo "rc=$rc $(grep -m1 -E 'ERROR SUMMARY|Invalid|hazard' "$LOGS/sanitize-$tool-$n.log")")"
@@ -61,8 +61,8 @@ if [[ $stages == *profile* ]]; then
   wait $synth_pid
   for spec in $models; do
     m=/tmp/models/${spec%%:*}-${spec##*:}.gguf
-    "$B/akunu" profile -m "$m" -p 512 -n 64 --device cuda > "$OUT/profile-$spec.md" 2>&1 \
-      || row "profile $spec: FAIL ($(tail -1 "$OUT/profile-$spec.md"))"
+    "$B/akunu" profile -m "$m" -p 512 -n 64 --device cuda > "$OUT/profile-${spec%%:*}-${spec##*:}.md" 2>&1 \
+      || row "profile $spec: FAIL ($(tail -1 "$OUT/profile-${spec%%:*}-${spec##*:}.md"))"
   done
 fi
 if [[ $stages == *bench* ]]; then
@@ -81,6 +81,15 @@ if [[ $stages == *bench* ]]; then
     ratio() { python3 -c "import sys; a,b=sys.argv[1:]; print(f'{float(a)/float(b):.2f}')" "$1" "$2" 2>/dev/null || echo "?"; }
     row "| ${spec} | ${a_pp:-?} | ${l_pp:-?} | $(ratio "$a_pp" "$l_pp") | ${a_tg:-?} | ${l_tg:-?} | $(ratio "$a_tg" "$l_tg") |"
   done
+fi
+if [[ $stages == *flash* ]]; then
+  # Background builds would slow the host side of the short decode runs.
+  wait
+  row ""
+  python3 scripts/gpu/flash_bench.py --ours "$B/flash-bench" 2> "$LOGS/flash-bench.log" \
+    | while IFS= read -r line; do row "$line"; done
+  rc=${PIPESTATUS[0]}
+  [ "$rc" = 0 ] || row "flash bench: FAIL ($(tail -1 "$LOGS/flash-bench.log"))"
 fi
 # One file of every log (the device returns few files), failures first.
 { grep -l -E "FAILED|panicked|ERROR SUMMARY: [1-9]" $LOGS/* 2>/dev/null | while read f; do echo "##### $f"; grep -E -B2 -A12 "panicked|FAILED|Invalid|hazard" "$f" | head -150; done

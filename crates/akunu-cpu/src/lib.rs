@@ -3,6 +3,7 @@
 //! against.
 
 pub mod backend;
+pub mod flash;
 mod multiversion;
 pub mod ops;
 pub mod quant;

@@ -20,6 +20,7 @@
 //    m16 tiles x 4 n8 tiles, and per k16 slice loads its fragments with ldmatrix.x4 and issues
 //    mma.sync.m16n8k16 (f16 in, f32 accumulate) for every pair.
 #include "common.cuh"
+#include "mma.cuh"
 #include "quant.cuh"
 
 #define GEMM_THREADS 256
@@ -30,40 +31,6 @@
 
 // Byte offset of 16-byte chunk `c` (0..7) of row `r` in a K-major tile of 128-byte rows.
 __device__ __forceinline__ u32 swz(int r, int c) { return (u32)(r * 128 + ((c ^ (r & 7)) << 4)); }
-
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    return (u32)__cvta_generic_to_shared(p);
-}
-
-// Two f32 as packed f16x2: `lo` in the low half.
-__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-// 16 bytes global -> shared; `bytes` 0 reads nothing and fills zeros.
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
-__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// acc (16x8 f32) += A (16x16 f16, row-major) * B (16x8 f16, column-major).
-__device__ __forceinline__ void mma_16816(float (&acc)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // One block of 256 threads per token row: pass 1 finds the row's largest magnitude, pass 2
 // writes the row to xh as f16 (8 elements, one 16-byte store per thread and iteration) after

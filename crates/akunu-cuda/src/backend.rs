@@ -25,6 +25,7 @@ use akunu_quant::GgmlType;
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph};
 
+use crate::flash::{FlashArgs, FlashConfig, FlashDtype, FlashKernels, FlashScratch, Queries};
 use crate::gemm::{GemmKernels, GemmScratch};
 use crate::gpu::{Arg, DeviceBuffer, Gpu, Kernel};
 use crate::layers::LayerKernels;
@@ -146,6 +147,11 @@ pub struct CudaBackend {
     mm: MatmulKernels,
     gemm: GemmKernels,
     layers: LayerKernels,
+    /// FlashAttention, where the head sizes allow it (multiples of 16 up to 256); else the
+    /// simple kernel of [`LayerKernels::attention`].
+    flash: Option<(FlashKernels, FlashScratch)>,
+    /// Runs of tokens of one slot in the current batch, for prefill attention tiles.
+    runs: Vec<(usize, usize)>,
     sampler: SampleKernels,
     /// Captured passes by (tokens, outputs, chain step).
     graphs: HashMap<(usize, usize, bool), Graph>,
@@ -156,6 +162,34 @@ pub struct CudaBackend {
     use_graphs: bool,
     /// Per-step GPU time when profiling (events around each step, no graphs).
     op_times: Option<Vec<f64>>,
+}
+
+/// Bytes of the FlashAttention scratch: split partials (fewer splits when they would need
+/// more) and a prefill tile list.
+const FLASH_SCRATCH_BYTES: usize = 16 << 20;
+
+fn flash_kernels(
+    gpu: &Gpu,
+    c: &akunu_core::ModelConfig,
+    max_batch: usize,
+) -> Result<Option<(FlashKernels, FlashScratch)>, CudaError> {
+    let fits = |d: usize| d > 0 && d.is_multiple_of(16) && d <= 256;
+    if !(fits(c.head_dim) && fits(c.head_dim_v)) {
+        return Ok(None);
+    }
+    let kernels = FlashKernels::new(
+        gpu,
+        FlashConfig {
+            dtype: FlashDtype::F16,
+            head_dim: c.head_dim,
+            head_dim_v: c.head_dim_v,
+            q_f32: true,
+            out_f32: true,
+            debug: false,
+        },
+    )?;
+    let scratch = FlashScratch::new(gpu, FLASH_SCRATCH_BYTES + max_batch * 8)?;
+    Ok(Some((kernels, scratch)))
 }
 
 fn backend_err(e: CudaError) -> EngineError {
@@ -208,6 +242,7 @@ impl CudaBackend {
         let gemm = GemmKernels::new(&gpu, &types)?;
         let layers = LayerKernels::new(&gpu)?;
         let sampler = SampleKernels::new(&gpu)?;
+        let flash = flash_kernels(&gpu, &c, opts.max_batch)?;
 
         let f32_weight = |id| -> Result<DeviceBuffer, CudaError> {
             let v = model
@@ -276,6 +311,8 @@ impl CudaBackend {
             mm,
             gemm,
             layers,
+            flash,
+            runs: Vec::new(),
             sampler,
             graphs: HashMap::new(),
             chain_advance,
@@ -326,6 +363,13 @@ impl CudaBackend {
         self.meta_host[l.slots..l.slots + n].copy_from_slice(batch.slots);
         let o = batch.outputs.len();
         self.meta_host[l.outputs..l.outputs + o].copy_from_slice(batch.outputs);
+        self.runs.clear();
+        for (t, &slot) in batch.slots.iter().enumerate() {
+            match self.runs.last_mut() {
+                Some((first, count)) if batch.slots[*first] == slot => *count += 1,
+                _ => self.runs.push((t, 1)),
+            }
+        }
         self.gpu.write(&self.meta, 0, &self.meta_host)
     }
 
@@ -570,26 +614,66 @@ impl CudaBackend {
                 softcap,
             } => {
                 let kv = &self.kv[*layer];
-                self.layers.attention(
-                    gpu,
-                    &crate::layers::AttentionArgs {
-                        q: self.buf(Buf::Q),
-                        k_cache: kv.k.ptr(),
-                        v_cache: kv.v.ptr(),
-                        out: self.buf(Buf::Attn),
-                        m,
-                        slots: self.meta_ptr(l.slots),
-                        positions: self.meta_ptr(l.positions),
-                        n_head: c.n_head,
-                        n_head_kv: c.n_head_kv,
-                        head_dim: c.head_dim,
-                        head_dim_v: c.head_dim_v,
-                        n_ctx: self.opts.n_ctx,
-                        scale: *scale,
-                        window: *window,
-                        softcap: *softcap,
-                    },
-                )
+                let (q, k, v, out) = (
+                    self.buf(Buf::Q),
+                    kv.k.ptr(),
+                    kv.v.ptr(),
+                    self.buf(Buf::Attn),
+                );
+                let (positions, slots) = (self.meta_ptr(l.positions), self.meta_ptr(l.slots));
+                let n_ctx = self.opts.n_ctx;
+                let Some((flash, scratch)) = &self.flash else {
+                    return self.layers.attention(
+                        gpu,
+                        &crate::layers::AttentionArgs {
+                            q,
+                            k_cache: k,
+                            v_cache: v,
+                            out,
+                            m,
+                            slots,
+                            positions,
+                            n_head: c.n_head,
+                            n_head_kv: c.n_head_kv,
+                            head_dim: c.head_dim,
+                            head_dim_v: c.head_dim_v,
+                            n_ctx,
+                            scale: *scale,
+                            window: *window,
+                            softcap: *softcap,
+                        },
+                    );
+                };
+                let (d, dv, kvh) = (c.head_dim, c.head_dim_v, c.n_head_kv);
+                let args = FlashArgs {
+                    q,
+                    k,
+                    v,
+                    out,
+                    n_tokens: m,
+                    n_head: c.n_head,
+                    n_head_kv: kvh,
+                    n_ctx,
+                    q_stride: [c.n_head * d, d],
+                    k_stride: [kvh * n_ctx * d, n_ctx * d, d],
+                    v_stride: [kvh * n_ctx * dv, n_ctx * dv, dv],
+                    out_stride: [c.n_head * dv, dv],
+                    q_pos: positions,
+                    q_seq: slots,
+                    causal: true,
+                    window: *window,
+                    softcap: *softcap,
+                    scale: *scale,
+                    ..FlashArgs::default()
+                };
+                // Passes that graphs capture must not upload: one tile per token there.
+                let queries = if small {
+                    Queries::PerToken
+                } else {
+                    Queries::Runs(&self.runs)
+                };
+                let max_kv = window.map_or(n_ctx, |w| w.min(n_ctx));
+                flash.run(gpu, &args, queries, max_kv, scratch)
             }
             Step::ResidualNorm {
                 post,

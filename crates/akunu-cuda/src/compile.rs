@@ -19,6 +19,7 @@ use crate::CudaError;
 pub const SOURCES: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("quant.cuh", include_str!("../kernels/quant.cuh")),
+    ("mma.cuh", include_str!("../kernels/mma.cuh")),
     ("embed.cu", include_str!("../kernels/embed.cu")),
     ("gemv.cu", include_str!("../kernels/gemv.cu")),
     ("gemm.cu", include_str!("../kernels/gemm.cu")),
@@ -28,6 +29,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("elementwise.cu", include_str!("../kernels/elementwise.cu")),
     ("sample.cu", include_str!("../kernels/sample.cu")),
     ("chain.cu", include_str!("../kernels/chain.cu")),
+    ("flash.cu", include_str!("../kernels/flash.cu")),
 ];
 
 fn source(name: &str) -> Result<&'static str, CudaError> {

@@ -346,20 +346,50 @@ impl Gpu {
             .iter_mut()
             .map(|v| v.as_mut_ptr() as *mut c_void)
             .collect();
-        self.bind()?;
         // SAFETY: each parameter points at 8 bytes holding the argument in the kernel's
         // parameter layout (little-endian, so 4-byte scalars sit in the first 4 bytes); the
         // values live until the call returns, which copies them.
-        unsafe {
-            result::launch_kernel(
-                k.func.cu_function(),
-                grid,
-                block,
-                smem,
-                self.stream.cu_stream(),
-                &mut params,
-            )
+        unsafe { self.launch_raw(k, grid, block, smem, &mut params) }
+    }
+
+    /// Launches a kernel whose only parameter is a struct with `params`' `#[repr(C)]` layout.
+    pub fn launch_with<T: bytemuck::Pod>(
+        &self,
+        k: &Kernel,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
+        params: &T,
+    ) -> Result<(), CudaError> {
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(());
         }
+        let mut copy = *params;
+        let mut ptrs = [&mut copy as *mut T as *mut c_void];
+        // SAFETY: the one parameter points at a live copy of the struct, which the kernel
+        // declares with the same C layout; the launch copies it before returning.
+        unsafe { self.launch_raw(k, grid, block, smem, &mut ptrs) }
+    }
+
+    /// # Safety
+    /// `params` must match the kernel's parameter list and stay valid for the call.
+    unsafe fn launch_raw(
+        &self,
+        k: &Kernel,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<(), CudaError> {
+        self.bind()?;
+        result::launch_kernel(
+            k.func.cu_function(),
+            grid,
+            block,
+            smem,
+            self.stream.cu_stream(),
+            params,
+        )
         .map_err(|e| CudaError::driver(&format!("launching {}", k.name), e))
     }
 

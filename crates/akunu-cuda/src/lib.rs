@@ -11,6 +11,7 @@
 pub mod backend;
 pub mod chip;
 pub mod compile;
+pub mod flash;
 pub mod gemm;
 pub mod gpu;
 pub mod layers;
@@ -60,6 +61,7 @@ pub fn all_modules() -> Vec<(&'static str, Vec<(&'static str, String)>)> {
     all.extend(gemm::modules());
     all.extend(layers::modules());
     all.extend(sample::modules());
+    all.extend(flash::modules());
     all
 }
 
