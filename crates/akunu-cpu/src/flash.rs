@@ -25,7 +25,7 @@
 use rayon::prelude::*;
 
 use crate::multiversion::multiversion;
-use crate::ops::{fast_exp, fast_tanh};
+use crate::ops::{axpy, dot, fast_exp, fast_tanh};
 
 /// One attention problem, host side. Values are f32 (already rounded to the kernel's storage
 /// dtype by whoever builds it).
@@ -472,34 +472,5 @@ fn score(q: &[f32], k: &[f32], scale: f32, softcap: Option<f32>) -> f32 {
     match softcap {
         Some(cap) => fast_tanh(x / cap) * cap,
         None => x,
-    }
-}
-
-/// Lanes of the dot product's accumulators: one AVX-512 register, two AVX2 ones.
-const LANES: usize = 16;
-
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; LANES];
-    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for l in 0..LANES {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
-
-/// `y += a * x`.
-#[inline(always)]
-fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-    for (y, &x) in y.iter_mut().zip(x) {
-        *y += a * x;
     }
 }

@@ -47,7 +47,7 @@ fn sum_squares(x: &[f32]) -> f32 {
 }
 
 #[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; LANES];
     let ca = a.chunks_exact(LANES);
     let cb = b.chunks_exact(LANES);
@@ -67,7 +67,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// `y += a * x`.
 #[inline(always)]
-fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+pub(crate) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     for (y, &x) in y.iter_mut().zip(x) {
         *y += a * x;
     }

@@ -18,17 +18,6 @@
 #define ATT_SPLIT_ALIGN 32
 #define NEG_INF __int_as_float(0xff800000)
 
-// tanh with a few ulp of relative error everywhere (fast-math tanhf may use tanh.approx).
-__device__ __forceinline__ float tanh_accurate(float x) {
-    const float a = fabsf(x);
-    float t = 1.f;
-    if (a < 9.f) {
-        const float e = expm1f(2.f * a);
-        t = e / (e + 2.f);
-    }
-    return copysignf(t, x);
-}
-
 __device__ __forceinline__ float lo_half(u32 w) { return f16_to_f32((u16)(w & 0xffffu)); }
 __device__ __forceinline__ float hi_half(u32 w) { return f16_to_f32((u16)(w >> 16)); }
 

@@ -34,3 +34,15 @@ __device__ __forceinline__ u16 f32_to_f16(float f) {
     return h;
 }
 __device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
+
+// tanh with a few ulp of relative error everywhere (fast-math tanhf may use tanh.approx), for
+// soft-capping, which must match the CPU backend closely.
+__device__ __forceinline__ float tanh_accurate(float x) {
+    const float a = fabsf(x);
+    float t = 1.f;
+    if (a < 9.f) {
+        const float e = expm1f(2.f * a);
+        t = e / (e + 2.f);
+    }
+    return copysignf(t, x);
+}

@@ -3,17 +3,6 @@
 // pointer is 16-byte aligned, with a scalar tail.
 #include "common.cuh"
 
-// tanh with a few ulp of relative error everywhere (fast-math tanhf may use tanh.approx).
-__device__ __forceinline__ float tanh_accurate(float x) {
-    const float a = fabsf(x);
-    float t = 1.f;
-    if (a < 9.f) {
-        const float e = expm1f(2.f * a);
-        t = e / (e + 2.f);
-    }
-    return copysignf(t, x);
-}
-
 struct Silu {
     __device__ __forceinline__ float operator()(float g, float u) const {
         return g / (1.f + __expf(-g)) * u;

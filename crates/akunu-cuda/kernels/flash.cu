@@ -106,17 +106,6 @@ __device__ __forceinline__ void mma(float (&acc)[4], const u32 (&a)[4], u32 b0, 
 #endif
 }
 
-// tanh with a few ulp of relative error (fast-math tanhf may use tanh.approx).
-__device__ __forceinline__ float flash_tanh(float x) {
-    const float a = fabsf(x);
-    float t = 1.f;
-    if (a < 9.f) {
-        const float e = expm1f(2.f * a);
-        t = e / (e + 2.f);
-    }
-    return copysignf(t, x);
-}
-
 // What one query row may see: keys in [lo, hi), then the segment and tree tests.
 struct RowMask {
     u32 lo, hi;
@@ -311,7 +300,7 @@ __device__ __forceinline__ void flash_tile(const FlashParams& p) {
             for (int e = 0; e < 4; ++e) {
                 float x = s[nt][e];
                 if (p.softcap > 0.f)
-                    x = p.softcap * flash_tanh(x * p.scale / p.softcap) * FLASH_LOG2E;
+                    x = p.softcap * tanh_accurate(x * p.scale / p.softcap) * FLASH_LOG2E;
                 else
                     x *= scale_log2;
                 if (!whole && !visible(p, rm[e >> 1], seq, k0 + nt * 8 + 2 * (lane & 3) + (e & 1)))
