@@ -3,7 +3,8 @@
 # kernel tests, the whole-model checks against the CPU backend, compute-sanitizer,
 # `akunu bench` beside llama.cpp on identical synthetic models, and our attention kernels beside
 # PyTorch's (flash_bench.py). Logs go to $OUT; the last lines printed are the summary table.
-#   GPU_STAGES="tests sanitize e2e profile bench flash" (default: all)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
+#   GPU_STAGES="tests sanitize e2e profile bench flash ncu" (default: all but ncu)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
+#   GPU_TESTS="test-flash test-backend" (default: every test executable)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -33,6 +34,7 @@ fi
 if [[ $stages == *tests* ]]; then
   for t in "$B"/test-*; do
     [[ $t == *test-nvrtc ]] && continue  # compiled in CI; slow here
+    [[ -n ${GPU_TESTS:-} && " $GPU_TESTS " != *" $(basename "$t") "* ]] && continue
     n=$(basename "$t")
     if "$t" --test-threads 1 > "$LOGS/$n.log" 2>&1; then r=pass; else r=FAIL; fi
     row "test $n: $r ($(grep -E '^test result' "$LOGS/$n.log" | tail -1))"
@@ -90,6 +92,13 @@ if [[ $stages == *flash* ]]; then
     | while IFS= read -r line; do row "$line"; done
   rc=${PIPESTATUS[0]}
   [ "$rc" = 0 ] || row "flash bench: FAIL ($(tail -1 "$LOGS/flash-bench.log"))"
+fi
+if [[ $stages == *ncu* ]]; then
+  # Nsight Compute on the attention kernels: by default the second decode shape (32K keys),
+  # its first timed launch. NCU_SKIP / NCU_COUNT / NCU_SHAPES pick others, NCU_ARGS the report.
+  ncu --kernel-name regex:flash_ --launch-skip ${NCU_SKIP:-5} --launch-count ${NCU_COUNT:-1} ${NCU_ARGS:---set full} \
+    "$B/flash-bench" --shapes ${NCU_SHAPES:-decode} --iters 3 --warmup 0 > "$OUT/ncu-flash.txt" 2>&1
+  row "ncu flash: rc=$? ($(grep -c 'flash_' "$OUT/ncu-flash.txt") lines name a kernel)"
 fi
 # One file of every log (the device returns few files), failures first.
 { grep -l -E "FAILED|panicked|ERROR SUMMARY: [1-9]" $LOGS/* 2>/dev/null | while read f; do echo "##### $f"; grep -E -B2 -A12 "panicked|FAILED|Invalid|hazard" "$f" | head -150; done

@@ -22,6 +22,18 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Loads through L2 only (not L1), for data other blocks of the same launch wrote.
+__device__ __forceinline__ float ldcg(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ void ldcg4(const float* p, float* v) {
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
+                 : "l"(p));
+}
+
 // NVRTC ships no CUDA headers, so half precision goes through PTX conversions on raw bits.
 __device__ __forceinline__ float f16_to_f32(u16 h) {
     float f;

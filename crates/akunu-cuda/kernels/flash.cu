@@ -6,22 +6,29 @@
 // the element type), -DOUT_F32 (output rows are f32, else the element type), -DFLASH_DEBUG.
 //
 // Plan:
-// 1. Rows, not heads: a block owns BM = 16 * NW query rows of one KV head, packed as (token,
-//    query head of the group) pairs, so each K/V tile is read once for every query head that
-//    shares it (GQA) and a decode token fills a 16-row tile with its group's heads. A tile of
-//    tokens is a run of consecutive tokens of one sequence (host list, prefill) or one token
-//    (decode, so a captured graph needs no host data). Groups wider than the tile are split
-//    into head chunks (gridDim.y = n_head_kv * chunks).
+// 1. Rows, not heads: a block owns query rows of one KV head, packed as (token, query head of
+//    the group) pairs, so each K/V tile is read once for every query head that shares it (GQA)
+//    and a decode token fills a 16-row tile with its group's heads. A tile of tokens is a run of
+//    consecutive tokens of one sequence (host list, prefill) or one token (decode, so a captured
+//    graph needs no host data). Groups wider than the tile are split into head chunks
+//    (gridDim.y = n_head_kv * chunks).
 // 2. The block walks the keys its rows can see (the union of their causal and window ranges,
-//    so whole masked tiles are never loaded), BN keys per step, with cp.async double
-//    buffering of K and V into XOR-swizzled shared memory (conflict-free ldmatrix). Split-KV
-//    (gridDim.z) gives each split a slice of that range and writes normalised partial rows
-//    with their log2-sum-exp; flash_combine merges them.
-// 3. Per step and warp: S = Q K^T (ldmatrix for Q and K), scale (and soft-cap), the per-element
-//    mask only where the warp's rows are not all fully visible (causal edge, window edge,
-//    segments, tree), online softmax in the log2 domain with per-thread partial row sums, then
-//    P (re-packed from the S accumulators as A fragments, FA2) times V (ldmatrix.trans).
-// 4. Rows without a visible key give zeros and lse = -inf, never NaN: the running max stays
+//    so whole masked tiles are never loaded). Split-KV (gridDim.z) gives each split a slice of
+//    that range; a split writes normalised partial rows with their log2-sum-exp, and the last
+//    split of a tile to finish (a counter per tile) merges them, so no second launch is needed.
+// 3. A warp step over a K/V tile in shared memory: S = Q K^T (Q fragments kept in registers for
+//    head sizes up to 128), scale (and soft-cap), the per-element mask only where some row of
+//    the warp does not see the whole step (causal edge, window edge, segments, tree), online
+//    softmax in the log2 domain with per-thread partial row sums, then P (re-packed from the S
+//    accumulators as A fragments, FA2) times V (ldmatrix.trans). Tiles are XOR-swizzled so
+//    ldmatrix is conflict-free.
+// 4. Prefill (flash_prefill): four warps own 16 rows each and share BN-key tiles, double
+//    buffered with cp.async. Decode (flash_decode): one 16-row tile, the block's keys cut into
+//    four contiguous ranges, one per warp, each warp streaming its own range through a
+//    three-stage cp.async ring of 16-key tiles with no block-wide barrier; the warps' states
+//    merge through shared memory at the end. Decode is bound by memory: many warps, each with
+//    two tiles in flight, keep enough bytes moving.
+// 5. Rows without a visible key give zeros and lse = -inf, never NaN: the running max stays
 //    -inf and exponentials are taken against 0 instead.
 #include "common.cuh"
 #include "mma.cuh"
@@ -45,13 +52,25 @@
 #define FLASH_NEG_INF __int_as_float(0xff800000)
 #define FLASH_LOG2E 1.4426950408889634f
 #define FLASH_LN2 0.6931471805599453f
-#define FLASH_MAX_SPLITS 256
 
 constexpr int D = HEAD_DIM;
 constexpr int DV = HEAD_DIM_V;
-// Keys per step: 64, or 32 when a row is wider than 256 bytes (keeps two stages in 64 KiB).
-constexpr int BN = (D > 128 || DV > 128) ? 32 : 64;
 constexpr u32 QROW = D * 2, KROW = D * 2, VROW = DV * 2;
+// Prefill: keys per step, 64, or 32 when a row is wider than 256 bytes (two stages in 64 KiB).
+constexpr int BN = (D > 128 || DV > 128) ? 32 : 64;
+constexpr int PREFILL_WARPS = 4;
+// Prefill K/V stages (a third measured no faster: the loop is bound by the tensor cores and
+// shared memory, not by the loads).
+constexpr int PREFILL_STAGES = 2;
+// Prefill blocks per SM the registers must allow: four for small heads (their shared memory
+// allows it, and the occupancy hides the short steps' latency), else two (what the shared
+// memory allows).
+#define PREFILL_MIN_BLOCKS (HEAD_DIM <= 64 && HEAD_DIM_V <= 64 ? 4 : 2)
+// Decode: warps per block, keys per warp step, and stages of each warp's ring.
+constexpr int DEC_WARPS = 4;
+constexpr int DEC_KEYS = 16;
+constexpr int DEC_STAGES = 3;
+
 
 // Kernel parameters, passed by value; the host mirrors this layout (`FlashParams` in
 // src/flash.rs): 8-byte fields first, then 4-byte ones.
@@ -71,6 +90,7 @@ struct FlashParams {
     const u32* tiles;
     float* part_o;
     float* part_lse;
+    u32* counters;
     float* debug;
     long long q_tok, q_head;
     long long k_seq, k_head, k_pos;
@@ -115,6 +135,27 @@ struct RowMask {
     bool valid;
 };
 
+__device__ __forceinline__ RowMask row_mask(const FlashParams& p, int t, u32 kv_len) {
+    RowMask m;
+    m.valid = t >= 0;
+    m.lo = 0;
+    m.hi = 0;
+    m.seg = 0;
+    m.tree = 0;
+    m.tree_base = 0xffffffffu;
+    if (m.valid) {
+        const u32 pos = p.q_pos[t];
+        m.hi = p.causal ? min(kv_len, pos + 1) : kv_len;
+        if (p.window > 0 && pos + 1 > (u32)p.window) m.lo = pos + 1 - (u32)p.window;
+        if (p.q_seg) m.seg = p.q_seg[t];
+        if (p.tree_mask) {
+            m.tree = p.tree_mask[t];
+            m.tree_base = p.tree_base[t];
+        }
+    }
+    return m;
+}
+
 __device__ __forceinline__ bool visible(const FlashParams& p, const RowMask& m, u32 seq, u32 j) {
     if (!m.valid || j < m.lo || j >= m.hi) return false;
     if (p.q_seg && p.k_seg[(u64)seq * p.n_ctx + j] != m.seg) return false;
@@ -125,38 +166,22 @@ __device__ __forceinline__ bool visible(const FlashParams& p, const RowMask& m, 
     return true;
 }
 
-template <int NW>
-__device__ __forceinline__ void flash_tile(const FlashParams& p) {
-    constexpr int BM = 16 * NW;
-    constexpr int THREADS = 32 * NW;
-    constexpr u32 Q_BYTES = BM * QROW;
-    constexpr u32 K_BYTES = BN * KROW;
-    constexpr u32 STAGE = K_BYTES + BN * VROW;
-    extern __shared__ __align__(128) u8 smem[];
-    __shared__ int row_tok[BM], row_head[BM];
-    __shared__ u32 block_range[2];
-    const u32 base = smem_addr(smem);
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-
+// The block's tile: its query rows (token and head, -1 past the tile) and the union of their
+// key ranges, in shared memory. Call __syncthreads() before reading them.
+template <int BM, int THREADS>
+__device__ __forceinline__ void tile_rows(const FlashParams& p, u32 t0, u32 ntok, u32 kv_len,
+                                          int* row_tok, int* row_head, u32* range) {
+    const int tid = threadIdx.x, lane = tid & 31;
     const u32 group = p.n_head / p.n_head_kv;
     const u32 g = blockIdx.y % p.n_head_kv, chunk = blockIdx.y / p.n_head_kv;
     const u32 per_token = min(group, (u32)BM), tokens_per_tile = BM / per_token;
-    u32 t0 = blockIdx.x, ntok = 1;
-    if (p.tiles) {
-        t0 = p.tiles[2 * blockIdx.x];
-        ntok = p.tiles[2 * blockIdx.x + 1];
-    }
-    const u32 seq = p.q_seq[t0];
-    const u32 kv_len = p.kv_len ? min(p.kv_len[seq], p.n_ctx) : p.n_ctx;
-
-    // Rows of the tile and the union of their key ranges.
     for (int r = tid; r < BM; r += THREADS) {
         const u32 tl = r / per_token, hg = chunk * BM + r % per_token;
         const bool ok = (u32)r < tokens_per_tile * per_token && tl < ntok && hg < group;
         row_tok[r] = ok ? (int)(t0 + tl) : -1;
         row_head[r] = ok ? (int)(g * group + hg) : 0;
     }
-    if (warp == 0) {
+    if (tid < 32) {
         u32 lo = 0xffffffffu, hi = 0;
         for (u32 i = lane; i < ntok; i += 32) {
             const u32 pos = p.q_pos[t0 + i];
@@ -172,306 +197,550 @@ __device__ __forceinline__ void flash_tile(const FlashParams& p) {
             hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
         }
         if (lane == 0) {
-            block_range[0] = min(lo, hi);
-            block_range[1] = hi;
-        }
-    }
-    __syncthreads();
-
-    // This split's slice of the keys, in whole steps.
-    const u32 blo = block_range[0], bhi = block_range[1];
-    u32 per_split = (bhi - blo + p.n_split - 1) / p.n_split;
-    per_split = (per_split + BN - 1) / BN * BN;
-    const u32 kb = min(bhi, blo + blockIdx.z * per_split);
-    const u32 ke = min(bhi, kb + per_split);
-    const int steps = (int)((ke - kb + BN - 1) / BN);
-
-    // This thread's two rows (C fragment rows group and group + 8 of its warp).
-    const int rows[2] = {warp * 16 + (lane >> 2), warp * 16 + (lane >> 2) + 8};
-    RowMask rm[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int t = row_tok[rows[i]];
-        RowMask& m = rm[i];
-        m.valid = t >= 0;
-        m.lo = 0;
-        m.hi = 0;
-        m.seg = 0;
-        m.tree = 0;
-        m.tree_base = 0xffffffffu;
-        if (m.valid) {
-            const u32 pos = p.q_pos[t];
-            m.hi = p.causal ? min(kv_len, pos + 1) : kv_len;
-            if (p.window > 0 && pos + 1 > (u32)p.window) m.lo = pos + 1 - (u32)p.window;
-            if (p.q_seg) m.seg = p.q_seg[t];
-            if (p.tree_mask) {
-                m.tree = p.tree_mask[t];
-                m.tree_base = p.tree_base[t];
-            }
-        }
-    }
-
-    // Queries: 16-byte chunks, zeros for rows past the tile.
-    {
-        constexpr int CH = D / 8;
-        for (int i = tid; i < BM * CH; i += THREADS) {
-            const int r = i / CH, c = i % CH;
-            const int t = row_tok[r];
-            const u32 dst = base + fswz(QROW, r, c);
-#if Q_F32
-            uint4 h = make_uint4(0, 0, 0, 0);
-            if (t >= 0) {
-                const float* src = (const float*)p.q + t * p.q_tok + row_head[r] * p.q_head + c * 8;
-                h.x = pack2(src[0], src[1]);
-                h.y = pack2(src[2], src[3]);
-                h.z = pack2(src[4], src[5]);
-                h.w = pack2(src[6], src[7]);
-            }
-            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(h.x),
-                         "r"(h.y), "r"(h.z), "r"(h.w)
-                         : "memory");
-#else
-            const u16* src = (const u16*)p.q + (t >= 0 ? t * p.q_tok + row_head[r] * p.q_head + c * 8 : 0);
-            cp_async16(dst, src, t >= 0 ? 16 : 0);
-#endif
-        }
-    }
-
-    const u16* kg = p.k + seq * p.k_seq + g * p.k_head;
-    const u16* vg = p.v + seq * p.v_seq + g * p.v_head;
-    auto load_kv = [&](int stage, u32 k0) {
-        const u32 ks = base + Q_BYTES + stage * STAGE, vs = ks + K_BYTES;
-        constexpr int KC = D / 8, VC = DV / 8;
-        for (int i = tid; i < BN * KC; i += THREADS) {
-            const int r = i / KC, c = i % KC;
-            const bool ok = k0 + r < ke;
-            cp_async16(ks + fswz(KROW, r, c), ok ? kg + (k0 + r) * p.k_pos + c * 8 : kg, ok ? 16 : 0);
-        }
-        for (int i = tid; i < BN * VC; i += THREADS) {
-            const int r = i / VC, c = i % VC;
-            const bool ok = k0 + r < ke;
-            cp_async16(vs + fswz(VROW, r, c), ok ? vg + (k0 + r) * p.v_pos + c * 8 : vg, ok ? 16 : 0);
-        }
-    };
-
-    float o[DV / 8][4];
-#pragma unroll
-    for (int i = 0; i < DV / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float row_max[2] = {FLASH_NEG_INF, FLASH_NEG_INF}, row_sum[2] = {0.f, 0.f};
-    const float scale_log2 = p.scale * FLASH_LOG2E;
-
-    if (steps > 0) load_kv(0, kb);
-    cp_async_commit();
-    for (int it = 0; it < steps; ++it) {
-        const u32 k0 = kb + it * BN;
-        if (it + 1 < steps) load_kv((it + 1) & 1, k0 + BN);
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
-        const u32 ks = base + Q_BYTES + (it & 1) * STAGE, vs = ks + K_BYTES;
-
-        float s[BN / 8][4];
-#pragma unroll
-        for (int i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            u32 a[4];
-            ldsm_x4(a, base + fswz(QROW, warp * 16 + (lane & 15), 2 * kk + (lane >> 4)));
-#pragma unroll
-            for (int np = 0; np < BN / 16; ++np) {
-                u32 b[4];
-                ldsm_x4(b, ks + fswz(KROW, np * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                     2 * kk + ((lane >> 3) & 1)));
-                mma(s[2 * np], a, b[0], b[1]);
-                mma(s[2 * np + 1], a, b[2], b[3]);
-            }
-        }
-
-        // Scores in the log2 domain; the per-element mask only where some row of the warp does
-        // not see the whole step.
-        bool whole = !p.q_seg && !p.tree_mask;
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-            whole = whole && (!rm[i].valid || (k0 >= rm[i].lo && k0 + BN <= rm[i].hi));
-        whole = __all_sync(0xffffffffu, whole);
-#pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float x = s[nt][e];
-                if (p.softcap > 0.f)
-                    x = p.softcap * tanh_accurate(x * p.scale / p.softcap) * FLASH_LOG2E;
-                else
-                    x *= scale_log2;
-                if (!whole && !visible(p, rm[e >> 1], seq, k0 + nt * 8 + 2 * (lane & 3) + (e & 1)))
-                    x = FLASH_NEG_INF;
-                s[nt][e] = x;
-            }
-        }
-#ifdef FLASH_DEBUG
-        // Per-step state of the first block's first warp, in natural-log units:
-        // scores[16][BN], probs[16][BN], running max[16], running sum[16], unnormalised out[16][DV].
-        constexpr int DEBUG_STEP = 2 * 16 * BN + 32 + 16 * DV;
-        const bool dump = p.debug && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 &&
-                          warp == 0 && (u32)it < p.debug_tiles;
-        float* dbg = p.debug + (u64)it * DEBUG_STEP;
-        if (dump) {
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    dbg[((lane >> 2) + 8 * (e >> 1)) * BN + nt * 8 + 2 * (lane & 3) + (e & 1)] =
-                        s[nt][e] * FLASH_LN2;
-        }
-#endif
-
-        float use_max[2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            float mx = row_max[i];
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float corr = mx == FLASH_NEG_INF ? 1.f : exp2f(row_max[i] - mx);
-            row_max[i] = mx;
-            use_max[i] = mx == FLASH_NEG_INF ? 0.f : mx;
-            row_sum[i] *= corr;
-#pragma unroll
-            for (int dt = 0; dt < DV / 8; ++dt) {
-                o[dt][2 * i] *= corr;
-                o[dt][2 * i + 1] *= corr;
-            }
-        }
-#pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float pr = exp2f(s[nt][e] - use_max[e >> 1]);
-                s[nt][e] = pr;
-                row_sum[e >> 1] += pr;
-            }
-        }
-
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            const u32 a[4] = {pack2(s[2 * kk][0], s[2 * kk][1]), pack2(s[2 * kk][2], s[2 * kk][3]),
-                              pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-            for (int dp = 0; dp < DV / 16; ++dp) {
-                u32 b[4];
-                ldsm_x4_trans(b, vs + fswz(VROW, kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
-                                           2 * dp + (lane >> 4)));
-                mma(o[2 * dp], a, b[0], b[1]);
-                mma(o[2 * dp + 1], a, b[2], b[3]);
-            }
-        }
-
-#ifdef FLASH_DEBUG
-        if (dump) {
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    dbg[16 * BN + ((lane >> 2) + 8 * (e >> 1)) * BN + nt * 8 + 2 * (lane & 3) + (e & 1)] =
-                        s[nt][e];
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                float l = row_sum[i];
-                l += __shfl_xor_sync(0xffffffffu, l, 1);
-                l += __shfl_xor_sync(0xffffffffu, l, 2);
-                const int r = (lane >> 2) + 8 * i;
-                if ((lane & 3) == 0) {
-                    dbg[2 * 16 * BN + r] = row_max[i] * FLASH_LN2;
-                    dbg[2 * 16 * BN + 16 + r] = l;
-                }
-#pragma unroll
-                for (int dt = 0; dt < DV / 8; ++dt) {
-                    const int c = dt * 8 + 2 * (lane & 3);
-                    dbg[2 * 16 * BN + 32 + r * DV + c] = o[dt][2 * i];
-                    dbg[2 * 16 * BN + 32 + r * DV + c + 1] = o[dt][2 * i + 1];
-                }
-            }
-        }
-#endif
-        __syncthreads();
-    }
-    cp_async_wait_all();
-
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        float l = row_sum[i];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const int t = row_tok[rows[i]];
-        if (t < 0) continue;
-        const int h = row_head[rows[i]];
-        const float inv = l > 0.f ? 1.f / l : 0.f;
-        const float lse2 = l > 0.f ? row_max[i] + __log2f(l) : FLASH_NEG_INF;
-        if (p.n_split > 1) {
-            float* dst = p.part_o + (((u64)blockIdx.z * p.n_tokens + t) * p.n_head + h) * DV;
-#pragma unroll
-            for (int dt = 0; dt < DV / 8; ++dt)
-                *(float2*)(dst + dt * 8 + 2 * (lane & 3)) = make_float2(o[dt][2 * i] * inv, o[dt][2 * i + 1] * inv);
-            if ((lane & 3) == 0) p.part_lse[((u64)blockIdx.z * p.n_tokens + t) * p.n_head + h] = lse2;
-        } else {
-            const long long off = t * p.o_tok + h * p.o_head;
-#pragma unroll
-            for (int dt = 0; dt < DV / 8; ++dt) {
-                const int c = dt * 8 + 2 * (lane & 3);
-#if OUT_F32
-                *(float2*)((float*)p.out + off + c) = make_float2(o[dt][2 * i] * inv, o[dt][2 * i + 1] * inv);
-#else
-                *(u32*)((u16*)p.out + off + c) = pack2(o[dt][2 * i] * inv, o[dt][2 * i + 1] * inv);
-#endif
-            }
-            if (p.lse && (lane & 3) == 0) p.lse[(u64)t * p.n_head + h] = lse2 * FLASH_LN2;
+            range[0] = min(lo, hi);
+            range[1] = hi;
         }
     }
 }
 
-// Prefill and chunked prefill: 4 warps, 64 rows. Grid (tiles, n_head_kv * chunks, splits).
-extern "C" __global__ void __launch_bounds__(128) flash_prefill(const FlashParams p) { flash_tile<4>(p); }
+// This split's slice [kb, ke) of the keys [blo, bhi), in whole multiples of `gran` keys from
+// blo, so a step never straddles two slices.
+__device__ __forceinline__ void split_slice(const FlashParams& p, u32 blo, u32 bhi, u32 gran,
+                                            u32& kb, u32& ke) {
+    u32 per_split = (bhi - blo + p.n_split - 1) / p.n_split;
+    per_split = (per_split + gran - 1) / gran * gran;
+    kb = min(bhi, blo + blockIdx.z * per_split);
+    ke = min(bhi, kb + per_split);
+}
 
-// Decode and short batches: 1 warp, 16 rows (one token's group). Grid (tokens, n_head_kv, splits).
-extern "C" __global__ void __launch_bounds__(32) flash_decode(const FlashParams p) { flash_tile<1>(p); }
-
-// Merges the splits' partial rows: one block per (token, head), threads over the columns.
-extern "C" __global__ void __launch_bounds__(128) flash_combine(const FlashParams p) {
-    __shared__ float weight[FLASH_MAX_SPLITS];
-    __shared__ float total, lmax;
-    const u32 row = blockIdx.x, t = row / p.n_head, h = row % p.n_head;
-    const u64 stride = (u64)p.n_tokens * p.n_head;
-    if (threadIdx.x == 0) {
-        float m = FLASH_NEG_INF;
-        for (u32 z = 0; z < p.n_split; ++z) m = fmaxf(m, p.part_lse[z * stride + row]);
-        float sum = 0.f;
-        for (u32 z = 0; z < p.n_split; ++z) {
-            const float w = m == FLASH_NEG_INF ? 0.f : exp2f(p.part_lse[z * stride + row] - m);
-            weight[z] = w;
-            sum += w;
+// Queries of the tile into shared memory as 16-byte chunks, zeros for rows past the tile.
+template <int BM, int THREADS>
+__device__ __forceinline__ void load_q(const FlashParams& p, u32 base, const int* row_tok,
+                                       const int* row_head) {
+    constexpr int CH = D / 8;
+    for (int i = threadIdx.x; i < BM * CH; i += THREADS) {
+        const int r = i / CH, c = i % CH;
+        const int t = row_tok[r];
+        const u32 dst = base + fswz(QROW, r, c);
+#if Q_F32
+        uint4 h = make_uint4(0, 0, 0, 0);
+        if (t >= 0) {
+            const float* src = (const float*)p.q + t * p.q_tok + row_head[r] * p.q_head + c * 8;
+            h.x = pack2(src[0], src[1]);
+            h.y = pack2(src[2], src[3]);
+            h.z = pack2(src[4], src[5]);
+            h.w = pack2(src[6], src[7]);
         }
-        total = sum;
-        lmax = m;
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(h.x), "r"(h.y),
+                     "r"(h.z), "r"(h.w)
+                     : "memory");
+#else
+        const u16* src = (const u16*)p.q + (t >= 0 ? t * p.q_tok + row_head[r] * p.q_head + c * 8 : 0);
+        cp_async16(dst, src, t >= 0 ? 16 : 0);
+#endif
+    }
+}
+
+// KEYS rows of CH 16-byte chunks from `src` (row stride `stride` elements) into a swizzled tile
+// at dst, by THREADS threads. Where CH divides THREADS, thread tid always moves chunk tid % CH of
+// rows tid / CH + j * THREADS / CH, so each copy costs an add and the swizzle. Rows at or past
+// `avail` read as zeros (they are masked, or belong to no query).
+template <int THREADS, int KEYS, int CH, u32 ROW>
+__device__ __forceinline__ void load_rows(u32 dst, const u16* src, long long stride, u32 avail, int tid) {
+    constexpr int RPP = THREADS / CH;  // rows per pass
+    if constexpr (THREADS % CH == 0 && KEYS % RPP == 0) {
+        const int r0 = tid / CH, c = tid % CH;
+        const u16* s = src + r0 * stride + c * 8;
+#pragma unroll
+        for (int j = 0; j < KEYS / RPP; ++j) {
+            const int r = r0 + j * RPP;
+            const bool ok = (u32)r < avail;
+            cp_async16(dst + fswz(ROW, r, c), ok ? s + j * RPP * stride : src, ok ? 16 : 0);
+        }
+    } else {
+        for (int i = tid; i < KEYS * CH; i += THREADS) {
+            const int r = i / CH, c = i % CH;
+            const bool ok = (u32)r < avail;
+            cp_async16(dst + fswz(ROW, r, c), ok ? src + r * stride + c * 8 : src, ok ? 16 : 0);
+        }
+    }
+}
+
+// KEYS keys of K and V from key k0 (before `end`) into the tiles at ks and vs.
+template <int THREADS, int KEYS>
+__device__ __forceinline__ void load_kv(const u16* kg, const u16* vg, const FlashParams& p, u32 ks,
+                                        u32 vs, u32 k0, u32 end, int tid) {
+    load_rows<THREADS, KEYS, D / 8, KROW>(ks, kg + k0 * p.k_pos, p.k_pos, end - k0, tid);
+    load_rows<THREADS, KEYS, DV / 8, VROW>(vs, vg + k0 * p.v_pos, p.v_pos, end - k0, tid);
+}
+
+// A warp's 16 query rows as mma A fragments: in registers for head sizes up to 128, else
+// read from the shared tile at each use (64 more registers would spill).
+struct QTile {
+#if HEAD_DIM <= 128
+    u32 f[D / 16][4];
+#else
+    u32 rows;
+#endif
+    __device__ __forceinline__ void init(u32 rows_at, int lane) {
+#if HEAD_DIM <= 128
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            ldsm_x4(f[kk], rows_at + fswz(QROW, lane & 15, 2 * kk + (lane >> 4)));
+#else
+        rows = rows_at;
+        (void)lane;
+#endif
+    }
+    __device__ __forceinline__ void frag(int kk, int lane, u32 (&a)[4]) const {
+#if HEAD_DIM <= 128
+        (void)lane;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[i] = f[kk][i];
+#else
+        ldsm_x4(a, rows + fswz(QROW, lane & 15, 2 * kk + (lane >> 4)));
+#endif
+    }
+};
+
+// One warp's online-softmax state for its 16 rows: this thread's C-fragment rows (lane / 4 and
+// lane / 4 + 8), the running max (log2 domain) and this thread's part of the row sums.
+struct WarpState {
+    float o[DV / 8][4];
+    float row_max[2], row_sum[2];
+    __device__ __forceinline__ void init() {
+#pragma unroll
+        for (int i = 0; i < DV / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+        row_max[0] = row_max[1] = FLASH_NEG_INF;
+        row_sum[0] = row_sum[1] = 0.f;
+    }
+    // The whole row sum, on every lane of the quad.
+    __device__ __forceinline__ float sum(int i) const {
+        float l = row_sum[i];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        return l;
+    }
+};
+
+// Floats per step of the debug dump: scores[16][KN], probs[16][KN], running max[16], running
+// sum[16], unnormalised out[16][DV], in natural-log units.
+template <int KN>
+constexpr int debug_step_floats() {
+    return 2 * 16 * KN + 32 + 16 * DV;
+}
+
+// One warp step over KN keys from k0, whose K and V tiles are at ks and vs. `dbg` (debug builds)
+// receives this step's state, or is null.
+template <int KN>
+__device__ __forceinline__ void attend(const FlashParams& p, WarpState& st, const QTile& q, u32 ks,
+                                       u32 vs, u32 k0, const RowMask (&rm)[2], u32 seq, int lane,
+                                       float* dbg) {
+    float s[KN / 8][4];
+#pragma unroll
+    for (int i = 0; i < KN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        u32 a[4];
+        q.frag(kk, lane, a);
+#pragma unroll
+        for (int np = 0; np < KN / 16; ++np) {
+            u32 b[4];
+            ldsm_x4(b, ks + fswz(KROW, np * 16 + (lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1)));
+            mma(s[2 * np], a, b[0], b[1]);
+            mma(s[2 * np + 1], a, b[2], b[3]);
+        }
+    }
+
+    // Scores in the log2 domain; the per-element mask only where some row of the warp does not
+    // see the whole step.
+    bool whole = !p.q_seg && !p.tree_mask;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) whole = whole && (!rm[i].valid || (k0 >= rm[i].lo && k0 + KN <= rm[i].hi));
+    whole = __all_sync(0xffffffffu, whole);
+    // Uniform branches outside the element loops, so the common path is straight-line code.
+    if (p.softcap > 0.f) {
+        const float inv_cap = p.scale / p.softcap, cap_log2 = p.softcap * FLASH_LOG2E;
+#pragma unroll
+        for (int nt = 0; nt < KN / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] = cap_log2 * tanh_accurate(s[nt][e] * inv_cap);
+    } else {
+        const float scale_log2 = p.scale * FLASH_LOG2E;
+#pragma unroll
+        for (int nt = 0; nt < KN / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
+    }
+    if (!whole) {
+#pragma unroll
+        for (int nt = 0; nt < KN / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (!visible(p, rm[e >> 1], seq, k0 + nt * 8 + 2 * (lane & 3) + (e & 1))) s[nt][e] = FLASH_NEG_INF;
+    }
+#ifdef FLASH_DEBUG
+    if (dbg) {
+#pragma unroll
+        for (int nt = 0; nt < KN / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                dbg[((lane >> 2) + 8 * (e >> 1)) * KN + nt * 8 + 2 * (lane & 3) + (e & 1)] = s[nt][e] * FLASH_LN2;
+    }
+#endif
+
+    float use_max[2], corr[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        float mx = st.row_max[i];
+#pragma unroll
+        for (int nt = 0; nt < KN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        corr[i] = mx == st.row_max[i] || mx == FLASH_NEG_INF ? 1.f : exp2f(st.row_max[i] - mx);
+        st.row_max[i] = mx;
+        use_max[i] = mx == FLASH_NEG_INF ? 0.f : mx;
+        st.row_sum[i] *= corr[i];
+    }
+    // Once the maxima settle, most steps leave them unchanged: skip the rescale then.
+    if (!__all_sync(0xffffffffu, corr[0] == 1.f && corr[1] == 1.f)) {
+#pragma unroll
+        for (int dt = 0; dt < DV / 8; ++dt) {
+            st.o[dt][0] *= corr[0];
+            st.o[dt][1] *= corr[0];
+            st.o[dt][2] *= corr[1];
+            st.o[dt][3] *= corr[1];
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < KN / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float pr = exp2f(s[nt][e] - use_max[e >> 1]);
+            s[nt][e] = pr;
+            st.row_sum[e >> 1] += pr;
+        }
+    }
+
+#pragma unroll
+    for (int kk = 0; kk < KN / 16; ++kk) {
+        const u32 a[4] = {pack2(s[2 * kk][0], s[2 * kk][1]), pack2(s[2 * kk][2], s[2 * kk][3]),
+                          pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int dp = 0; dp < DV / 16; ++dp) {
+            u32 b[4];
+            ldsm_x4_trans(b, vs + fswz(VROW, kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), 2 * dp + (lane >> 4)));
+            mma(st.o[2 * dp], a, b[0], b[1]);
+            mma(st.o[2 * dp + 1], a, b[2], b[3]);
+        }
+    }
+
+#ifdef FLASH_DEBUG
+    if (dbg) {
+#pragma unroll
+        for (int nt = 0; nt < KN / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                dbg[16 * KN + ((lane >> 2) + 8 * (e >> 1)) * KN + nt * 8 + 2 * (lane & 3) + (e & 1)] = s[nt][e];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const float l = st.sum(i);
+            const int r = (lane >> 2) + 8 * i;
+            if ((lane & 3) == 0) {
+                dbg[2 * 16 * KN + r] = st.row_max[i] * FLASH_LN2;
+                dbg[2 * 16 * KN + 16 + r] = l;
+            }
+#pragma unroll
+            for (int dt = 0; dt < DV / 8; ++dt) {
+                const int c = dt * 8 + 2 * (lane & 3);
+                dbg[2 * 16 * KN + 32 + r * DV + c] = st.o[dt][2 * i];
+                dbg[2 * 16 * KN + 32 + r * DV + c + 1] = st.o[dt][2 * i + 1];
+            }
+        }
+    }
+#else
+    (void)dbg;
+#endif
+}
+
+// Two finished output values, columns c and c + 1 of row (t, h), with the row's log2-sum-exp
+// (written once per row, by the caller that passes `first`): into the split's partials, or
+// into the output.
+__device__ __forceinline__ void store2(const FlashParams& p, bool partial, int t, int h, int c,
+                                       float x, float y, float lse2, bool first) {
+    if (partial) {
+        const u64 row = ((u64)blockIdx.z * p.n_tokens + t) * p.n_head + h;
+        *(float2*)(p.part_o + row * DV + c) = make_float2(x, y);
+        if (first) p.part_lse[row] = lse2;
+        return;
+    }
+    const long long off = t * p.o_tok + h * p.o_head + c;
+#if OUT_F32
+    *(float2*)((float*)p.out + off) = make_float2(x, y);
+#else
+    *(u32*)((u16*)p.out + off) = pack2(x, y);
+#endif
+    if (p.lse && first) p.lse[(u64)t * p.n_head + h] = lse2 * FLASH_LN2;
+}
+
+// After every thread stored this split's partial rows: the last split of the tile to get here
+// merges all splits' rows into the output and re-arms the tile's counter (for the next launch,
+// a graph replay included). One pass over the splits, rescaling as the maximum grows.
+template <int BM, int THREADS>
+__device__ void merge_splits(const FlashParams& p, const int* row_tok, const int* row_head) {
+    __shared__ bool last;
+    const int tid = threadIdx.x;
+    const u32 slot = blockIdx.x * gridDim.y + blockIdx.y;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(&p.counters[slot], 1u) == p.n_split - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const u64 stride = (u64)p.n_tokens * p.n_head;
+    constexpr int C4 = DV / 4;
+    for (int i = tid; i < BM * C4; i += THREADS) {
+        const int r = i / C4, c = (i % C4) * 4;
+        const int t = row_tok[r];
+        if (t < 0) continue;
+        const int h = row_head[r];
+        const u64 row = (u64)t * p.n_head + h;
+        float mx = FLASH_NEG_INF, sum = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+        // Branch-free, so the unrolled iterations' loads issue together.
+#pragma unroll 4
+        for (u32 z = 0; z < p.n_split; ++z) {
+            const float x = ldcg(p.part_lse + z * stride + row);
+            float v[4];
+            ldcg4(p.part_o + (z * stride + row) * DV + c, v);
+            const float nm = fmaxf(mx, x);
+            const float f = nm == mx ? 1.f : exp2f(mx - nm);
+            const float w = x == FLASH_NEG_INF ? 0.f : exp2f(x - nm);
+            sum = sum * f + w;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[e] = acc[e] * f + w * v[e];
+            mx = nm;
+        }
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+        const float lse2 = sum > 0.f ? mx + __log2f(sum) : FLASH_NEG_INF;
+        store2(p, false, t, h, c, acc[0] * inv, acc[1] * inv, lse2, c == 0);
+        store2(p, false, t, h, c + 2, acc[2] * inv, acc[3] * inv, lse2, false);
+    }
+    if (tid == 0) p.counters[slot] = 0;
+}
+
+// Prefill and chunked prefill: 4 warps of 16 rows share BN-key tiles. Grid (tiles, n_head_kv *
+// chunks, splits); dynamic shared memory: the Q tile and PREFILL_STAGES K/V stages.
+extern "C" __global__ void __launch_bounds__(128, PREFILL_MIN_BLOCKS) flash_prefill(const FlashParams p) {
+    constexpr int BM = 16 * PREFILL_WARPS, THREADS = 32 * PREFILL_WARPS;
+    constexpr u32 Q_BYTES = BM * QROW, K_BYTES = BN * KROW, STAGE = K_BYTES + BN * VROW;
+    extern __shared__ __align__(128) u8 smem[];
+    __shared__ int row_tok[BM], row_head[BM];
+    __shared__ u32 block_range[2];
+    const u32 base = smem_addr(smem);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    // A listed tile, or one token per tile (groups too wide for flash_decode).
+    u32 t0 = blockIdx.x, ntok = 1;
+    if (p.tiles) {
+        t0 = p.tiles[2 * blockIdx.x];
+        ntok = p.tiles[2 * blockIdx.x + 1];
+    }
+    const u32 seq = p.q_seq[t0];
+    const u32 kv_len = p.kv_len ? min(p.kv_len[seq], p.n_ctx) : p.n_ctx;
+    tile_rows<BM, THREADS>(p, t0, ntok, kv_len, row_tok, row_head, block_range);
+    __syncthreads();
+    u32 kb, ke;
+    split_slice(p, block_range[0], block_range[1], BN, kb, ke);
+    const int steps = (int)((ke - kb + BN - 1) / BN);
+    const int rows[2] = {warp * 16 + (lane >> 2), warp * 16 + (lane >> 2) + 8};
+    const RowMask rm[2] = {row_mask(p, row_tok[rows[0]], kv_len), row_mask(p, row_tok[rows[1]], kv_len)};
+
+    const u32 g = blockIdx.y % p.n_head_kv;
+    const u16* kg = p.k + seq * p.k_seq + g * p.k_head;
+    const u16* vg = p.v + seq * p.v_seq + g * p.v_head;
+    // One commit group per step (the queries ride with the first), so waiting for all but the
+    // newest PREFILL_STAGES - 1 groups waits for the step's tiles.
+    load_q<BM, THREADS>(p, base, row_tok, row_head);
+#pragma unroll
+    for (int s = 0; s < PREFILL_STAGES - 1; ++s) {
+        if (s < steps) {
+            const u32 ks = base + Q_BYTES + s * STAGE;
+            load_kv<THREADS, BN>(kg, vg, p, ks, ks + K_BYTES, kb + s * BN, ke, tid);
+        }
+        cp_async_commit();
+    }
+
+    WarpState st;
+    st.init();
+    QTile q;
+    for (int it = 0; it < steps; ++it) {
+        const u32 k0 = kb + it * BN;
+        const int ahead = it + PREFILL_STAGES - 1;
+        if (ahead < steps) {
+            const u32 ks = base + Q_BYTES + (ahead % PREFILL_STAGES) * STAGE;
+            load_kv<THREADS, BN>(kg, vg, p, ks, ks + K_BYTES, kb + ahead * BN, ke, tid);
+        }
+        cp_async_commit();
+        cp_async_wait<PREFILL_STAGES - 1>();
+        __syncthreads();
+        if (it == 0) q.init(base + warp * 16 * QROW, lane);
+        const u32 ks = base + Q_BYTES + (it % PREFILL_STAGES) * STAGE;
+        float* dbg = nullptr;
+#ifdef FLASH_DEBUG
+        if (p.debug && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && warp == 0 && (u32)it < p.debug_tiles)
+            dbg = p.debug + (u64)it * debug_step_floats<BN>();
+#endif
+        attend<BN>(p, st, q, ks, ks + K_BYTES, k0, rm, seq, lane, dbg);
+        __syncthreads();
+    }
+    cp_async_wait_all();
+
+    const bool partial = p.n_split > 1;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const float l = st.sum(i);
+        const int t = row_tok[rows[i]];
+        if (t < 0) continue;
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const float lse2 = l > 0.f ? st.row_max[i] + __log2f(l) : FLASH_NEG_INF;
+#pragma unroll
+        for (int dt = 0; dt < DV / 8; ++dt)
+            store2(p, partial, t, row_head[rows[i]], dt * 8 + 2 * (lane & 3), st.o[dt][2 * i] * inv,
+                   st.o[dt][2 * i + 1] * inv, lse2, dt == 0 && (lane & 3) == 0);
+    }
+    if (partial) merge_splits<BM, THREADS>(p, row_tok, row_head);
+}
+
+// One warp's ring of DEC_STAGES tiles of DEC_KEYS keys, filled by cp.async: one commit group
+// per step, so waiting for all but the newest DEC_STAGES - 1 groups waits for the oldest tile.
+struct DecodeRing {
+    static constexpr u32 K_BYTES = DEC_KEYS * KROW, STAGE = K_BYTES + DEC_KEYS * VROW;
+    u32 at;
+    const u16 *kg, *vg;
+    u32 end;  // keys at or past it are not this warp's
+
+    __device__ __forceinline__ u32 k(int stage) const { return at + stage * STAGE; }
+    __device__ __forceinline__ u32 v(int stage) const { return k(stage) + K_BYTES; }
+
+    // Fills `stage` with keys k0.. (rows at or past `end` read as zeros) and closes the group;
+    // `k0` past the warp's keys closes an empty group, which keeps the count.
+    __device__ __forceinline__ void fill(const FlashParams& p, int stage, u32 k0, int lane) const {
+        if (k0 < end) load_kv<32, DEC_KEYS>(kg, vg, p, k(stage), v(stage), k0, end, lane);
+        cp_async_commit();
+    }
+
+    // The tile of the oldest open group has landed; the newer DEC_STAGES - 1 may still fly.
+    __device__ __forceinline__ void wait() const {
+        cp_async_wait<DEC_STAGES - 1>();
+        __syncwarp();
+    }
+};
+
+// Decode and short batches: one token's group (16 rows) per block, four warps each streaming a
+// contiguous quarter of the block's keys through its own ring. Grid (tokens, n_head_kv,
+// splits); dynamic shared memory: the Q tile and each warp's ring.
+extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams p) {
+    constexpr int BM = 16, THREADS = 32 * DEC_WARPS;
+    constexpr u32 Q_BYTES = BM * QROW;
+    extern __shared__ __align__(128) u8 smem[];
+    __shared__ int row_tok[BM], row_head[BM];
+    __shared__ u32 block_range[2];
+    const u32 base = smem_addr(smem);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    const u32 t0 = blockIdx.x;
+    const u32 seq = p.q_seq[t0];
+    const u32 kv_len = p.kv_len ? min(p.kv_len[seq], p.n_ctx) : p.n_ctx;
+    tile_rows<BM, THREADS>(p, t0, 1, kv_len, row_tok, row_head, block_range);
+    __syncthreads();
+    u32 kb, ke;
+    split_slice(p, block_range[0], block_range[1], DEC_WARPS * DEC_KEYS, kb, ke);
+#ifdef FLASH_DEBUG
+    // Every key to the first warp, so its dump is the state over consecutive steps.
+    const u32 wb = warp == 0 ? kb : ke, we = ke;
+#else
+    const u32 per_warp = (ke - kb + DEC_WARPS * DEC_KEYS - 1) / (DEC_WARPS * DEC_KEYS) * DEC_KEYS;
+    const u32 wb = min(ke, kb + warp * per_warp), we = min(ke, wb + per_warp);
+#endif
+    const int steps = (int)((we - wb + DEC_KEYS - 1) / DEC_KEYS);
+    const RowMask rm[2] = {row_mask(p, row_tok[lane >> 2], kv_len), row_mask(p, row_tok[(lane >> 2) + 8], kv_len)};
+
+    const u32 g = blockIdx.y % p.n_head_kv;
+    DecodeRing ring;
+    ring.at = base + Q_BYTES + warp * DEC_STAGES * DecodeRing::STAGE;
+    ring.kg = p.k + seq * p.k_seq + g * p.k_head;
+    ring.vg = p.v + seq * p.v_seq + g * p.v_head;
+    ring.end = we;
+    load_q<BM, THREADS>(p, base, row_tok, row_head);
+    cp_async_commit();
+#pragma unroll
+    for (int s = 0; s < DEC_STAGES - 1; ++s) ring.fill(p, s, wb + s * DEC_KEYS, lane);
+    cp_async_wait<DEC_STAGES - 1>();  // the queries
+    __syncthreads();
+    QTile q;
+    q.init(base, lane);
+
+    WarpState st;
+    st.init();
+    for (int it = 0; it < steps; ++it) {
+        const int ahead = it + DEC_STAGES - 1;
+        ring.fill(p, ahead % DEC_STAGES, wb + ahead * DEC_KEYS, lane);
+        ring.wait();
+        float* dbg = nullptr;
+#ifdef FLASH_DEBUG
+        if (p.debug && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && warp == 0 && (u32)it < p.debug_tiles)
+            dbg = p.debug + (u64)it * debug_step_floats<DEC_KEYS>();
+#endif
+        const int stage = it % DEC_STAGES;
+        attend<DEC_KEYS>(p, st, q, ring.k(stage), ring.v(stage), wb + it * DEC_KEYS, rm, seq, lane, dbg);
+        __syncwarp();
+    }
+    cp_async_wait_all();
+    __syncthreads();
+
+    // The warps' states through shared memory (over the rings): per warp the running max and
+    // sum of each row, then the unnormalised rows.
+    float* part = (float*)(smem + Q_BYTES);
+    constexpr int WSTATE = 32 + BM * DV;
+    {
+        float* w = part + warp * WSTATE;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int r = (lane >> 2) + 8 * i;
+            const float l = st.sum(i);
+            if ((lane & 3) == 0) {
+                w[r] = st.row_max[i];
+                w[16 + r] = l;
+            }
+#pragma unroll
+            for (int dt = 0; dt < DV / 8; ++dt)
+                *(float2*)(w + 32 + r * DV + dt * 8 + 2 * (lane & 3)) = make_float2(st.o[dt][2 * i], st.o[dt][2 * i + 1]);
+        }
     }
     __syncthreads();
-    const float inv = total > 0.f ? 1.f / total : 0.f;
-    const long long off = t * p.o_tok + h * p.o_head;
-    for (u32 c = threadIdx.x; c < (u32)DV; c += blockDim.x) {
-        float x = 0.f;
-        for (u32 z = 0; z < p.n_split; ++z) x += weight[z] * p.part_o[(z * stride + row) * DV + c];
-        x *= inv;
-#if OUT_F32
-        ((float*)p.out)[off + c] = x;
-#else
-#if KV_BF16
-        ((u16*)p.out)[off + c] = (u16)(pack_bf16x2(x, 0.f) & 0xffffu);
-#else
-        ((u16*)p.out)[off + c] = f32_to_f16(x);
-#endif
-#endif
+    const bool partial = p.n_split > 1;
+    constexpr int C2 = DV / 2;
+    for (int i = tid; i < BM * C2; i += THREADS) {
+        const int r = i / C2, c = (i % C2) * 2;
+        const int t = row_tok[r];
+        if (t < 0) continue;
+        float mx = FLASH_NEG_INF;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; ++w) mx = fmaxf(mx, part[w * WSTATE + r]);
+        float l = 0.f, x = 0.f, y = 0.f;
+        if (mx != FLASH_NEG_INF) {
+#pragma unroll
+            for (int w = 0; w < DEC_WARPS; ++w) {
+                const float* ws = part + w * WSTATE;
+                const float f = exp2f(ws[r] - mx);
+                l += f * ws[16 + r];
+                x += f * ws[32 + r * DV + c];
+                y += f * ws[32 + r * DV + c + 1];
+            }
+        }
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const float lse2 = l > 0.f ? mx + __log2f(l) : FLASH_NEG_INF;
+        store2(p, partial, t, row_head[r], c, x * inv, y * inv, lse2, c == 0);
     }
-    if (p.lse && threadIdx.x == 0)
-        p.lse[(u64)t * p.n_head + h] = total > 0.f ? (lmax + __log2f(total)) * FLASH_LN2 : FLASH_NEG_INF;
+    if (partial) merge_splits<BM, THREADS>(p, row_tok, row_head);
 }

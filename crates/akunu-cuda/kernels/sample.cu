@@ -124,16 +124,6 @@ static_assert(sizeof(Partial) == 32, "Partial is 32 bytes of scratch");
 // ---------------------------------------------------------------------------------------------
 // Small helpers
 
-__device__ __forceinline__ float ldcg(const float* p) {
-    float v;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
-    return v;
-}
-__device__ __forceinline__ void ldcg4(const float* p, float* v) {
-    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
-                 : "l"(p));
-}
 // Plain loads (through L1) for data this block wrote or an earlier kernel did.
 __device__ __forceinline__ float ld(const float* p) {
     float v;

@@ -173,20 +173,12 @@ fn flash_kernels(
     c: &akunu_core::ModelConfig,
     max_batch: usize,
 ) -> Result<Option<(FlashKernels, FlashScratch)>, CudaError> {
-    let fits = |d: usize| d > 0 && d.is_multiple_of(16) && d <= 256;
-    if !(fits(c.head_dim) && fits(c.head_dim_v)) {
+    if !(FlashConfig::supports(c.head_dim) && FlashConfig::supports(c.head_dim_v)) {
         return Ok(None);
     }
     let kernels = FlashKernels::new(
         gpu,
-        FlashConfig {
-            dtype: FlashDtype::F16,
-            head_dim: c.head_dim,
-            head_dim_v: c.head_dim_v,
-            q_f32: true,
-            out_f32: true,
-            debug: false,
-        },
+        FlashConfig::new(FlashDtype::F16, c.head_dim, c.head_dim_v).f32_io(),
     )?;
     let scratch = FlashScratch::new(gpu, FLASH_SCRATCH_BYTES + max_batch * 8)?;
     Ok(Some((kernels, scratch)))

@@ -5,16 +5,18 @@
 //! input/output precision. [`FlashKernels::run`] validates the problem (layout, alignment,
 //! sizes) on the host, picks the variant, tiles the queries and the split count, and enqueues:
 //!
-//! - `flash_decode` (one warp, 16 rows) when every token is its own tile and a token's query
-//!   heads fit 16 rows: decode and short batches. Nothing is read from the host per call, so a
-//!   captured graph replays as positions advance: each split finds its slice of the keys from
-//!   the token's position on the device.
+//! - `flash_decode` (16 rows, four warps each streaming a quarter of the keys) when every
+//!   token is its own tile and a token's query heads fit 16 rows: decode and short batches.
+//!   Nothing is read from the host per call, so a captured graph replays as positions advance:
+//!   each split finds its slice of the keys from the token's position on the device. Decode is
+//!   bound by memory, so it splits the keys until every resident block slot of the GPU works.
 //! - `flash_prefill` (four warps, 64 rows) for runs of tokens of one sequence: tiles of
 //!   `64 / group` tokens (the query heads of a KV head are packed as rows), uploaded as a
 //!   (first token, count) list, the latest tokens first so the longest tiles start first.
 //! - Split-KV when the tiles alone cannot fill the GPU: each split writes normalised partial
-//!   rows and their log-sum-exp into the scratch, and `flash_combine` merges them. The split
-//!   count is bounded by the scratch, so a launch never fails for lack of it.
+//!   rows and their log-sum-exp into the scratch, and the last split of each tile to finish
+//!   merges them (a counter per tile in the scratch, re-armed by that split). The split count
+//!   is bounded by the scratch, so a launch never fails for lack of it.
 //!
 //! Masks: causal (`j <= position`, which also covers a query chunk that starts past existing
 //! keys), sliding window, the stored length of each sequence, segment ids (packed varlen) and a
@@ -26,13 +28,24 @@ use bytemuck::{Pod, Zeroable};
 use crate::gpu::{DeviceBuffer, Gpu, Kernel};
 use crate::CudaError;
 
-/// Largest split count (`FLASH_MAX_SPLITS` in flash.cu).
+/// Largest split count.
 pub const MAX_SPLITS: usize = 256;
 /// Head sizes the kernels are built for.
 pub const HEAD_DIMS: [usize; 4] = [32, 64, 128, 256];
+/// Rows of a decode block (one token's query heads) and keys per warp step there
+/// (`DEC_KEYS`); its four warps (`DEC_WARPS`) each keep a ring of three steps (`DEC_STAGES`).
 const DECODE_ROWS: usize = 16;
+const DECODE_KEYS: usize = 16;
+const DECODE_WARPS: usize = 4;
+const DECODE_STAGES: usize = 3;
 const PREFILL_ROWS: usize = 64;
-const COMBINE_THREADS: u32 = 128;
+const PREFILL_STAGES: usize = 2;
+/// Both kernels run four warps.
+const THREADS: u32 = 128;
+/// Split counters (one per tile and head chunk) at the start of the scratch; a launch with
+/// more tiles than this never splits (it fills the GPU without).
+const COUNTERS: usize = 4096;
+const COUNTER_BYTES: usize = COUNTERS * 4;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FlashDtype {
@@ -55,6 +68,41 @@ pub struct FlashConfig {
 }
 
 impl FlashConfig {
+    /// f16 or bf16 queries, keys, values and output, head sizes `head_dim` (Q, K) and
+    /// `head_dim_v` (V).
+    pub fn new(dtype: FlashDtype, head_dim: usize, head_dim_v: usize) -> FlashConfig {
+        FlashConfig {
+            dtype,
+            head_dim,
+            head_dim_v,
+            q_f32: false,
+            out_f32: false,
+            debug: false,
+        }
+    }
+
+    /// f32 queries and output (rounded to the element type as they are read).
+    pub fn f32_io(self) -> FlashConfig {
+        FlashConfig {
+            q_f32: true,
+            out_f32: true,
+            ..self
+        }
+    }
+
+    /// With the per-step dump (see [`FlashArgs::debug`]).
+    pub fn with_debug(self) -> FlashConfig {
+        FlashConfig {
+            debug: true,
+            ..self
+        }
+    }
+
+    /// Whether the kernels are built for a head size: a multiple of 16 up to 256.
+    pub fn supports(head_dim: usize) -> bool {
+        head_dim > 0 && head_dim.is_multiple_of(16) && head_dim <= 256
+    }
+
     fn defines(&self) -> Vec<(&'static str, String)> {
         let mut d = vec![
             ("HEAD_DIM", self.head_dim.to_string()),
@@ -72,24 +120,32 @@ impl FlashConfig {
         d
     }
 
-    /// Keys per step (`BN` in flash.cu).
-    pub fn keys_per_step(&self) -> usize {
-        if self.head_dim > 128 || self.head_dim_v > 128 {
+    /// Keys per warp step: `DEC_KEYS` in decode, `BN` in prefill.
+    pub fn keys_per_step(&self, decode: bool) -> usize {
+        if decode {
+            DECODE_KEYS
+        } else if self.head_dim > 128 || self.head_dim_v > 128 {
             32
         } else {
             64
         }
     }
 
-    /// Floats per step of the debug dump: scores and probabilities [16][BN], running max and
+    /// Floats per step of the debug dump: scores and probabilities [16][keys], running max and
     /// sum [16], unnormalised output [16][head_dim_v].
-    pub fn debug_step_floats(&self) -> usize {
-        2 * 16 * self.keys_per_step() + 32 + 16 * self.head_dim_v
+    pub fn debug_step_floats(&self, decode: bool) -> usize {
+        2 * 16 * self.keys_per_step(decode) + 32 + 16 * self.head_dim_v
     }
 
-    fn smem(&self, rows: usize) -> usize {
-        let bn = self.keys_per_step();
-        rows * self.head_dim * 2 + 2 * bn * (self.head_dim + self.head_dim_v) * 2
+    /// Dynamic shared memory: the query tile, then the K/V stages.
+    fn smem(&self, decode: bool) -> usize {
+        let (rows, stages) = if decode {
+            (DECODE_ROWS, DECODE_WARPS * DECODE_STAGES)
+        } else {
+            (PREFILL_ROWS, PREFILL_STAGES)
+        };
+        let key = (self.head_dim + self.head_dim_v) * 2;
+        rows * self.head_dim * 2 + stages * self.keys_per_step(decode) * key
     }
 }
 
@@ -97,33 +153,12 @@ impl FlashConfig {
 pub fn modules() -> Vec<(&'static str, Vec<(&'static str, String)>)> {
     let mut configs = Vec::new();
     for d in HEAD_DIMS {
-        configs.push(FlashConfig {
-            dtype: FlashDtype::F16,
-            head_dim: d,
-            head_dim_v: d,
-            q_f32: true,
-            out_f32: true,
-            debug: false,
-        });
+        configs.push(FlashConfig::new(FlashDtype::F16, d, d).f32_io());
     }
     for d in [64, 128] {
-        configs.push(FlashConfig {
-            dtype: FlashDtype::Bf16,
-            head_dim: d,
-            head_dim_v: d,
-            q_f32: false,
-            out_f32: false,
-            debug: false,
-        });
+        configs.push(FlashConfig::new(FlashDtype::Bf16, d, d));
     }
-    configs.push(FlashConfig {
-        dtype: FlashDtype::F16,
-        head_dim: 128,
-        head_dim_v: 128,
-        q_f32: false,
-        out_f32: false,
-        debug: true,
-    });
+    configs.push(FlashConfig::new(FlashDtype::F16, 128, 128).with_debug());
     configs
         .into_iter()
         .map(|c| ("flash.cu", c.defines()))
@@ -164,7 +199,9 @@ pub struct FlashArgs {
     /// where bit i is set.
     pub tree: Option<(u64, u64)>,
     /// With a [`FlashConfig::debug`] build: f32 buffer for `debug_steps` steps of the state of
-    /// the first block's first 16 rows (layout in [`FlashConfig::debug_step_floats`]).
+    /// the first block's first 16 rows (layout in [`FlashConfig::debug_step_floats`]). In such
+    /// a build, decode gives all of a block's keys to its first warp, so the steps are
+    /// consecutive.
     pub debug: u64,
     pub debug_steps: usize,
 }
@@ -178,20 +215,27 @@ pub enum Queries<'a> {
     Runs(&'a [(usize, usize)]),
 }
 
-/// Device scratch for split partials and the tile list.
+/// Device scratch for split partials and the tile list, after the split counters (which
+/// start zeroed and which every merging split re-arms).
 pub struct FlashScratch {
     buf: DeviceBuffer,
 }
 
 impl FlashScratch {
+    /// `bytes` for partials and tiles (the counters come on top).
     pub fn new(gpu: &Gpu, bytes: usize) -> Result<FlashScratch, CudaError> {
         Ok(FlashScratch {
-            buf: gpu.alloc(bytes)?,
+            buf: gpu.alloc(COUNTER_BYTES + bytes)?,
         })
     }
 
+    /// Bytes for partials and tiles.
     pub fn bytes(&self) -> usize {
-        self.buf.bytes()
+        self.buf.bytes() - COUNTER_BYTES
+    }
+
+    fn at(&self, offset: usize) -> u64 {
+        self.buf.at(COUNTER_BYTES + offset)
     }
 }
 
@@ -214,6 +258,7 @@ struct FlashParams {
     tiles: u64,
     part_o: u64,
     part_lse: u64,
+    counters: u64,
     debug: u64,
     q_tok: i64,
     q_head: i64,
@@ -240,7 +285,6 @@ struct FlashParams {
 /// How one call is launched.
 struct Launch {
     decode: bool,
-    rows: usize,
     tiles: Vec<u32>,
     n_tiles: usize,
     chunks: usize,
@@ -251,8 +295,9 @@ pub struct FlashKernels {
     cfg: FlashConfig,
     prefill: Kernel,
     decode: Kernel,
-    combine: Kernel,
     sm_count: usize,
+    /// Decode blocks resident per SM (shared memory and registers allow).
+    decode_per_sm: usize,
 }
 
 fn bad(msg: String) -> CudaError {
@@ -270,7 +315,7 @@ fn to_i64(what: &str, v: usize) -> Result<i64, CudaError> {
 impl FlashKernels {
     pub fn new(gpu: &Gpu, cfg: FlashConfig) -> Result<FlashKernels, CudaError> {
         for (what, d) in [("head_dim", cfg.head_dim), ("head_dim_v", cfg.head_dim_v)] {
-            if d == 0 || d % 16 != 0 || d > 256 {
+            if !FlashConfig::supports(d) {
                 return Err(bad(format!(
                     "attention {what} {d}: must be a multiple of 16 up to 256"
                 )));
@@ -279,10 +324,9 @@ impl FlashKernels {
         let defines = cfg.defines();
         let prefill = gpu.kernel("flash.cu", "flash_prefill", &defines)?;
         let decode = gpu.kernel("flash.cu", "flash_decode", &defines)?;
-        let combine = gpu.kernel("flash.cu", "flash_combine", &defines)?;
         let limit = gpu.chip.smem_per_block;
-        for (k, rows) in [(&prefill, PREFILL_ROWS), (&decode, DECODE_ROWS)] {
-            let smem = cfg.smem(rows);
+        for (k, is_decode) in [(&prefill, false), (&decode, true)] {
+            let smem = cfg.smem(is_decode);
             if smem > limit {
                 return Err(bad(format!(
                     "attention with head sizes {}/{} needs {smem} bytes of shared memory; the \
@@ -292,12 +336,13 @@ impl FlashKernels {
             }
             k.set_max_dynamic_smem(smem)?;
         }
+        let decode_per_sm = gpu.blocks_per_sm(&decode, THREADS, cfg.smem(true))?.max(1);
         Ok(FlashKernels {
             cfg,
             prefill,
             decode,
-            combine,
             sm_count: gpu.chip.sm_count,
+            decode_per_sm,
         })
     }
 
@@ -314,8 +359,8 @@ impl FlashKernels {
         }
     }
 
-    /// Byte offsets of the tile list, the partial log-sum-exps and the partial rows, and the
-    /// total.
+    /// Byte offsets (past the counters) of the partial log-sum-exps and the partial rows, and
+    /// the total; the tile list comes first.
     fn layout(&self, a: &FlashArgs, l: &Launch) -> (usize, usize, usize) {
         let tiles = (l.tiles.len() * 4).next_multiple_of(256);
         let rows = a.n_tokens * a.n_head;
@@ -369,15 +414,21 @@ impl FlashKernels {
             }
         };
         let blocks = n_tiles * a.n_head_kv * chunks;
-        let per_sm = if decode { 4 } else { 2 };
-        let target = self.sm_count * per_sm;
-        let bn = self.cfg.keys_per_step();
         let mut splits = 1;
-        if blocks > 0 && blocks * 2 < target {
-            splits = target
-                .div_ceil(blocks)
-                .min(max_kv.div_ceil(2 * bn))
-                .clamp(1, MAX_SPLITS);
+        if blocks > 0 && blocks <= COUNTERS {
+            splits = if decode {
+                // Memory-bound: one wave over every resident slot, each warp at least two
+                // steps of keys.
+                (self.sm_count * self.decode_per_sm / blocks)
+                    .min(max_kv / (2 * DECODE_WARPS * DECODE_KEYS))
+            } else if blocks < self.sm_count {
+                (2 * self.sm_count)
+                    .div_ceil(blocks)
+                    .min(max_kv.div_ceil(2 * self.cfg.keys_per_step(false)))
+            } else {
+                1
+            };
+            splits = splits.clamp(1, MAX_SPLITS);
         }
         let rows_total = a.n_tokens * a.n_head;
         let tile_bytes = (tiles.len() * 4).next_multiple_of(256);
@@ -392,7 +443,6 @@ impl FlashKernels {
         }
         Ok(Launch {
             decode,
-            rows,
             tiles,
             n_tiles,
             chunks,
@@ -491,7 +541,7 @@ impl FlashKernels {
             )));
         }
         if !l.tiles.is_empty() {
-            gpu.write(&scratch.buf, 0, &l.tiles)?;
+            gpu.write(&scratch.buf, COUNTER_BYTES, &l.tiles)?;
         }
         let split = l.splits > 1;
         let p = FlashParams {
@@ -507,13 +557,10 @@ impl FlashKernels {
             k_seg: a.segments.map_or(0, |s| s.1),
             tree_mask: a.tree.map_or(0, |t| t.0),
             tree_base: a.tree.map_or(0, |t| t.1),
-            tiles: if l.tiles.is_empty() {
-                0
-            } else {
-                scratch.buf.ptr()
-            },
-            part_o: if split { scratch.buf.at(o_at) } else { 0 },
-            part_lse: if split { scratch.buf.at(lse_at) } else { 0 },
+            tiles: if l.tiles.is_empty() { 0 } else { scratch.at(0) },
+            part_o: if split { scratch.at(o_at) } else { 0 },
+            part_lse: if split { scratch.at(lse_at) } else { 0 },
+            counters: scratch.buf.ptr(),
             debug: if self.cfg.debug { a.debug } else { 0 },
             q_tok: to_i64("q stride", a.q_stride[0])?,
             q_head: to_i64("q stride", a.q_stride[1])?,
@@ -554,19 +601,9 @@ impl FlashKernels {
         gpu.launch_with(
             kernel,
             grid,
-            (32 * (l.rows / 16) as u32, 1, 1),
-            self.cfg.smem(l.rows) as u32,
+            (THREADS, 1, 1),
+            self.cfg.smem(l.decode) as u32,
             &p,
-        )?;
-        if split {
-            gpu.launch_with(
-                &self.combine,
-                (to_u32("attention rows", a.n_tokens * a.n_head)?, 1, 1),
-                (COMBINE_THREADS, 1, 1),
-                0,
-                &p,
-            )?;
-        }
-        Ok(())
+        )
     }
 }

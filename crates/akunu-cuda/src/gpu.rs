@@ -181,6 +181,16 @@ impl Gpu {
         Ok(buf)
     }
 
+    /// Blocks of `k` with `threads` threads and `smem` bytes of dynamic shared memory that fit
+    /// on one SM at once.
+    pub fn blocks_per_sm(&self, k: &Kernel, threads: u32, smem: usize) -> Result<usize, CudaError> {
+        self.bind()?;
+        k.func
+            .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
+            .map(|n| n as usize)
+            .map_err(|e| CudaError::driver("querying occupancy", e))
+    }
+
     /// A new buffer holding `data`.
     pub fn upload<T: bytemuck::Pod>(&self, data: &[T]) -> Result<DeviceBuffer, CudaError> {
         let bytes: &[u8] = bytemuck::cast_slice(data);

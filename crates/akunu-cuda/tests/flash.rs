@@ -286,7 +286,13 @@ fn check(gpu: &Arc<Gpu>, k: &FlashKernels, c: &Case, seed: u64) {
     };
     let max_kv = p.n_ctx;
     let scratch = FlashScratch::new(gpu, k.scratch_bytes(&u.args, &q, max_kv).max(1)).unwrap();
-    k.run(gpu, &u.args, q, max_kv, &scratch).unwrap();
+    // Twice on one scratch, the output poisoned (all-ones bits, NaN) in between: the second run
+    // must find the split counters re-armed by the first, as a replayed graph does.
+    for _ in 0..2 {
+        gpu.write(&u.out, 0, &vec![0xffu8; u.out.bytes()]).unwrap();
+        gpu.write(&u.lse, 0, &vec![0xffu8; u.lse.bytes()]).unwrap();
+        k.run(gpu, &u.args, q, max_kv, &scratch).unwrap();
+    }
     gpu.sync().unwrap();
     let got = read_out(gpu, &u, &cfg, want.len());
     let mut lse = vec![0f32; want_lse.len()];
@@ -334,18 +340,8 @@ fn check(gpu: &Arc<Gpu>, k: &FlashKernels, c: &Case, seed: u64) {
 }
 
 fn kernels(gpu: &Gpu, dtype: FlashDtype, d: usize, dv: usize, f32_io: bool) -> FlashKernels {
-    FlashKernels::new(
-        gpu,
-        FlashConfig {
-            dtype,
-            head_dim: d,
-            head_dim_v: dv,
-            q_f32: f32_io,
-            out_f32: f32_io,
-            debug: false,
-        },
-    )
-    .unwrap()
+    let cfg = FlashConfig::new(dtype, d, dv);
+    FlashKernels::new(gpu, if f32_io { cfg.f32_io() } else { cfg }).unwrap()
 }
 
 #[test]
@@ -469,14 +465,7 @@ fn segments_tree_masks_and_fully_masked_rows() {
 #[test]
 fn debug_dump_matches_reference_states() {
     let Some(gpu) = common::gpu() else { return };
-    let cfg = FlashConfig {
-        dtype: FlashDtype::F16,
-        head_dim: 128,
-        head_dim_v: 128,
-        q_f32: false,
-        out_f32: false,
-        debug: true,
-    };
+    let cfg = FlashConfig::new(FlashDtype::F16, 128, 128).with_debug();
     let k = FlashKernels::new(&gpu, cfg).unwrap();
     // One decode token of a group of 4 heads over 150 keys: block 0 holds rows 0..4, query
     // heads 0..4 of token 0.
@@ -485,10 +474,10 @@ fn debug_dump_matches_reference_states() {
     c.softcap = Some(20.0);
     let p = problem(&c, cfg.dtype, 800);
     let mut u = upload(&gpu, &p, &cfg);
-    let bn = cfg.keys_per_step();
+    let bn = cfg.keys_per_step(true);
     let steps = 150usize.div_ceil(bn);
     let dbg = gpu
-        .upload(&vec![f32::NAN; steps * cfg.debug_step_floats()])
+        .upload(&vec![f32::NAN; steps * cfg.debug_step_floats(true)])
         .unwrap();
     u.args.debug = dbg.ptr();
     u.args.debug_steps = steps;
@@ -496,7 +485,7 @@ fn debug_dump_matches_reference_states() {
     k.run(&gpu, &u.args, Queries::PerToken, bn, &scratch)
         .unwrap();
     gpu.sync().unwrap();
-    let mut d = vec![0f32; steps * cfg.debug_step_floats()];
+    let mut d = vec![0f32; steps * cfg.debug_step_floats(true)];
     gpu.read(&dbg, 0, &mut d).unwrap();
     let close =
         |a: f32, b: f32, tol: f32| (a == b) || (a - b).abs() <= tol * (1.0 + b.abs().max(a.abs()));
@@ -504,7 +493,7 @@ fn debug_dump_matches_reference_states() {
         let want = intermediates(&p, 0, head, bn);
         assert_eq!(want.len(), steps);
         for (s, w) in want.iter().enumerate() {
-            let at = s * cfg.debug_step_floats();
+            let at = s * cfg.debug_step_floats(true);
             let scores = &d[at + head * bn..at + (head + 1) * bn];
             let probs = &d[at + 16 * bn + head * bn..at + 16 * bn + (head + 1) * bn];
             let mx = d[at + 32 * bn + head];

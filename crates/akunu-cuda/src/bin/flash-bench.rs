@@ -419,17 +419,7 @@ struct Measured {
 
 fn measure(gpu: &Gpu, sh: &Shape, o: &Options, flush: &Flush) -> Res<Measured> {
     let p = Problem::new(gpu, sh, o.dtype)?;
-    let kernels = FlashKernels::new(
-        gpu,
-        FlashConfig {
-            dtype: o.dtype.flash(),
-            head_dim: sh.d,
-            head_dim_v: sh.d,
-            q_f32: false,
-            out_f32: false,
-            debug: false,
-        },
-    )?;
+    let kernels = FlashKernels::new(gpu, FlashConfig::new(o.dtype.flash(), sh.d, sh.d))?;
     let runs: Vec<(usize, usize)> = (0..sh.b).map(|b| (b * sh.s, sh.s)).collect();
     let queries = || match sh.kind {
         Kind::Prefill => Queries::Runs(&runs),
