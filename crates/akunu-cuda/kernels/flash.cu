@@ -22,7 +22,8 @@
 //    softmax in the log2 domain with per-thread partial row sums, then P (re-packed from the S
 //    accumulators as A fragments, FA2) times V (ldmatrix.trans). Tiles are XOR-swizzled so
 //    ldmatrix is conflict-free.
-// 4. Prefill (flash_prefill): four warps own 16 rows each and share BN-key tiles, double
+// 4. Prefill (flash_prefill): four warps own two 16-row tiles each (one for head sizes past
+//    128), so each K or V fragment feeds two MMAs per tile, and share BN-key tiles, double
 //    buffered with cp.async. Decode (flash_decode): one 16-row tile, the block's keys cut into
 //    four contiguous ranges, one per warp, each warp streaming its own range through a
 //    three-stage cp.async ring of 16-key tiles with no block-wide barrier; the warps' states
@@ -59,13 +60,12 @@ constexpr u32 QROW = D * 2, KROW = D * 2, VROW = DV * 2;
 // Prefill: keys per step, 64, or 32 when a row is wider than 256 bytes (two stages in 64 KiB).
 constexpr int BN = (D > 128 || DV > 128) ? 32 : 64;
 constexpr int PREFILL_WARPS = 4;
+// Row tiles of 16 per prefill warp: two where the registers allow (each K or V fragment then
+// feeds twice the MMAs, halving shared-memory traffic per MMA), else one.
+constexpr int PREFILL_MT = (D > 128 || DV > 128) ? 1 : 2;
 // Prefill K/V stages (a third measured no faster: the loop is bound by the tensor cores and
 // shared memory, not by the loads).
 constexpr int PREFILL_STAGES = 2;
-// Prefill blocks per SM the registers must allow: four for small heads (their shared memory
-// allows it, and the occupancy hides the short steps' latency), else two (what the shared
-// memory allows).
-#define PREFILL_MIN_BLOCKS (HEAD_DIM <= 64 && HEAD_DIM_V <= 64 ? 4 : 2)
 // Decode: warps per block, keys per warp step, and stages of each warp's ring.
 constexpr int DEC_WARPS = 4;
 constexpr int DEC_KEYS = 16;
@@ -126,42 +126,33 @@ __device__ __forceinline__ void mma(float (&acc)[4], const u32 (&a)[4], u32 b0, 
 #endif
 }
 
-// What one query row may see: keys in [lo, hi), then the segment and tree tests.
+// What one query row may see: keys in [lo, hi), then its token's segment and tree tests
+// (read when needed: they are rare, and registers are not).
 struct RowMask {
     u32 lo, hi;
-    int seg;
-    u64 tree;
-    u32 tree_base;
-    bool valid;
+    int t;  // the row's token, or -1
+    __device__ __forceinline__ bool valid() const { return t >= 0; }
 };
 
 __device__ __forceinline__ RowMask row_mask(const FlashParams& p, int t, u32 kv_len) {
     RowMask m;
-    m.valid = t >= 0;
+    m.t = t;
     m.lo = 0;
     m.hi = 0;
-    m.seg = 0;
-    m.tree = 0;
-    m.tree_base = 0xffffffffu;
-    if (m.valid) {
+    if (t >= 0) {
         const u32 pos = p.q_pos[t];
         m.hi = p.causal ? min(kv_len, pos + 1) : kv_len;
         if (p.window > 0 && pos + 1 > (u32)p.window) m.lo = pos + 1 - (u32)p.window;
-        if (p.q_seg) m.seg = p.q_seg[t];
-        if (p.tree_mask) {
-            m.tree = p.tree_mask[t];
-            m.tree_base = p.tree_base[t];
-        }
     }
     return m;
 }
 
 __device__ __forceinline__ bool visible(const FlashParams& p, const RowMask& m, u32 seq, u32 j) {
-    if (!m.valid || j < m.lo || j >= m.hi) return false;
-    if (p.q_seg && p.k_seg[(u64)seq * p.n_ctx + j] != m.seg) return false;
-    if (p.tree_mask && j >= m.tree_base) {
-        const u32 d = j - m.tree_base;
-        if (d >= 64 || !((m.tree >> d) & 1ull)) return false;
+    if (!m.valid() || j < m.lo || j >= m.hi) return false;
+    if (p.q_seg && p.k_seg[(u64)seq * p.n_ctx + j] != p.q_seg[m.t]) return false;
+    if (p.tree_mask) {
+        const u32 base = p.tree_base[m.t];
+        if (j >= base && (j - base >= 64 || !((p.tree_mask[m.t] >> (j - base)) & 1ull))) return false;
     }
     return true;
 }
@@ -274,32 +265,26 @@ __device__ __forceinline__ void load_kv(const u16* kg, const u16* vg, const Flas
     load_rows<THREADS, KEYS, DV / 8, VROW>(vs, vg + k0 * p.v_pos, p.v_pos, end - k0, tid);
 }
 
-// A warp's 16 query rows as mma A fragments: in registers for head sizes up to 128, else
-// read from the shared tile at each use (64 more registers would spill).
+// A warp's 16 query rows as mma A fragments: in registers (REGS), or read from the shared tile
+// at each use where registers are short (large heads, two row tiles per warp).
+template <bool REGS>
 struct QTile {
-#if HEAD_DIM <= 128
-    u32 f[D / 16][4];
-#else
+    u32 f[REGS ? D / 16 : 1][4];
     u32 rows;
-#endif
     __device__ __forceinline__ void init(u32 rows_at, int lane) {
-#if HEAD_DIM <= 128
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk)
-            ldsm_x4(f[kk], rows_at + fswz(QROW, lane & 15, 2 * kk + (lane >> 4)));
-#else
         rows = rows_at;
-        (void)lane;
-#endif
+        if constexpr (REGS) {
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) ldsm_x4(f[kk], rows_at + fswz(QROW, lane & 15, 2 * kk + (lane >> 4)));
+        }
     }
     __device__ __forceinline__ void frag(int kk, int lane, u32 (&a)[4]) const {
-#if HEAD_DIM <= 128
-        (void)lane;
+        if constexpr (REGS) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) a[i] = f[kk][i];
-#else
-        ldsm_x4(a, rows + fswz(QROW, lane & 15, 2 * kk + (lane >> 4)));
-#endif
+            for (int i = 0; i < 4; ++i) a[i] = f[kk][i];
+        } else {
+            ldsm_x4(a, rows + fswz(QROW, lane & 15, 2 * kk + (lane >> 4)));
+        }
     }
 };
 
@@ -330,25 +315,32 @@ constexpr int debug_step_floats() {
     return 2 * 16 * KN + 32 + 16 * DV;
 }
 
-// One warp step over KN keys from k0, whose K and V tiles are at ks and vs. `dbg` (debug builds)
-// receives this step's state, or is null.
-template <int KN>
-__device__ __forceinline__ void attend(const FlashParams& p, WarpState& st, const QTile& q, u32 ks,
-                                       u32 vs, u32 k0, const RowMask (&rm)[2], u32 seq, int lane,
+// One warp step over KN keys from k0, whose K and V tiles are at ks and vs, for MT tiles of 16
+// rows (each K or V fragment feeds MT MMAs). `dbg` (debug builds) receives the first row
+// tile's state after this step, or is null.
+template <int KN, int MT, bool QREGS>
+__device__ __forceinline__ void attend(const FlashParams& p, WarpState (&st)[MT], const QTile<QREGS> (&q)[MT],
+                                       u32 ks, u32 vs, u32 k0, const RowMask (&rm)[MT][2], u32 seq, int lane,
                                        float* dbg) {
-    float s[KN / 8][4];
+    float s[MT][KN / 8][4];
 #pragma unroll
-    for (int i = 0; i < KN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int i = 0; i < KN / 8; ++i) s[m][i][0] = s[m][i][1] = s[m][i][2] = s[m][i][3] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-        u32 a[4];
-        q.frag(kk, lane, a);
+        u32 a[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) q[m].frag(kk, lane, a[m]);
 #pragma unroll
         for (int np = 0; np < KN / 16; ++np) {
             u32 b[4];
             ldsm_x4(b, ks + fswz(KROW, np * 16 + (lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1)));
-            mma(s[2 * np], a, b[0], b[1]);
-            mma(s[2 * np + 1], a, b[2], b[3]);
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                mma(s[m][2 * np], a[m], b[0], b[1]);
+                mma(s[m][2 * np + 1], a[m], b[2], b[3]);
+            }
         }
     }
 
@@ -356,28 +348,38 @@ __device__ __forceinline__ void attend(const FlashParams& p, WarpState& st, cons
     // see the whole step.
     bool whole = !p.q_seg && !p.tree_mask;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) whole = whole && (!rm[i].valid || (k0 >= rm[i].lo && k0 + KN <= rm[i].hi));
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+            whole = whole && (!rm[m][i].valid() || (k0 >= rm[m][i].lo && k0 + KN <= rm[m][i].hi));
     whole = __all_sync(0xffffffffu, whole);
     // Uniform branches outside the element loops, so the common path is straight-line code.
     if (p.softcap > 0.f) {
         const float inv_cap = p.scale / p.softcap, cap_log2 = p.softcap * FLASH_LOG2E;
 #pragma unroll
-        for (int nt = 0; nt < KN / 8; ++nt)
+        for (int m = 0; m < MT; ++m)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[nt][e] = cap_log2 * tanh_accurate(s[nt][e] * inv_cap);
+            for (int nt = 0; nt < KN / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[m][nt][e] = cap_log2 * tanh_accurate(s[m][nt][e] * inv_cap);
     } else {
         const float scale_log2 = p.scale * FLASH_LOG2E;
 #pragma unroll
-        for (int nt = 0; nt < KN / 8; ++nt)
+        for (int m = 0; m < MT; ++m)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
+            for (int nt = 0; nt < KN / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[m][nt][e] *= scale_log2;
     }
     if (!whole) {
 #pragma unroll
-        for (int nt = 0; nt < KN / 8; ++nt)
+        for (int m = 0; m < MT; ++m)
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-                if (!visible(p, rm[e >> 1], seq, k0 + nt * 8 + 2 * (lane & 3) + (e & 1))) s[nt][e] = FLASH_NEG_INF;
+            for (int nt = 0; nt < KN / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (!visible(p, rm[m][e >> 1], seq, k0 + nt * 8 + 2 * (lane & 3) + (e & 1)))
+                        s[m][nt][e] = FLASH_NEG_INF;
     }
 #ifdef FLASH_DEBUG
     if (dbg) {
@@ -385,53 +387,71 @@ __device__ __forceinline__ void attend(const FlashParams& p, WarpState& st, cons
         for (int nt = 0; nt < KN / 8; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                dbg[((lane >> 2) + 8 * (e >> 1)) * KN + nt * 8 + 2 * (lane & 3) + (e & 1)] = s[nt][e] * FLASH_LN2;
+                dbg[((lane >> 2) + 8 * (e >> 1)) * KN + nt * 8 + 2 * (lane & 3) + (e & 1)] = s[0][nt][e] * FLASH_LN2;
     }
 #endif
 
-    float use_max[2], corr[2];
+    float use_max[MT][2], corr[MT][2];
+    bool same = true;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        float mx = st.row_max[i];
+    for (int m = 0; m < MT; ++m) {
 #pragma unroll
-        for (int nt = 0; nt < KN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        corr[i] = mx == st.row_max[i] || mx == FLASH_NEG_INF ? 1.f : exp2f(st.row_max[i] - mx);
-        st.row_max[i] = mx;
-        use_max[i] = mx == FLASH_NEG_INF ? 0.f : mx;
-        st.row_sum[i] *= corr[i];
+        for (int i = 0; i < 2; ++i) {
+            float mx = st[m].row_max[i];
+#pragma unroll
+            for (int nt = 0; nt < KN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[m][nt][2 * i], s[m][nt][2 * i + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            corr[m][i] = mx == st[m].row_max[i] || mx == FLASH_NEG_INF ? 1.f : exp2f(st[m].row_max[i] - mx);
+            same = same && corr[m][i] == 1.f;
+            st[m].row_max[i] = mx;
+            use_max[m][i] = mx == FLASH_NEG_INF ? 0.f : mx;
+            st[m].row_sum[i] *= corr[m][i];
+        }
     }
     // Once the maxima settle, most steps leave them unchanged: skip the rescale then.
-    if (!__all_sync(0xffffffffu, corr[0] == 1.f && corr[1] == 1.f)) {
+    if (!__all_sync(0xffffffffu, same)) {
 #pragma unroll
-        for (int dt = 0; dt < DV / 8; ++dt) {
-            st.o[dt][0] *= corr[0];
-            st.o[dt][1] *= corr[0];
-            st.o[dt][2] *= corr[1];
-            st.o[dt][3] *= corr[1];
-        }
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int dt = 0; dt < DV / 8; ++dt) {
+                st[m].o[dt][0] *= corr[m][0];
+                st[m].o[dt][1] *= corr[m][0];
+                st[m].o[dt][2] *= corr[m][1];
+                st[m].o[dt][3] *= corr[m][1];
+            }
     }
 #pragma unroll
-    for (int nt = 0; nt < KN / 8; ++nt) {
+    for (int m = 0; m < MT; ++m)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const float pr = exp2f(s[nt][e] - use_max[e >> 1]);
-            s[nt][e] = pr;
-            st.row_sum[e >> 1] += pr;
+        for (int nt = 0; nt < KN / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float pr = exp2f(s[m][nt][e] - use_max[m][e >> 1]);
+                s[m][nt][e] = pr;
+                st[m].row_sum[e >> 1] += pr;
+            }
         }
-    }
 
 #pragma unroll
     for (int kk = 0; kk < KN / 16; ++kk) {
-        const u32 a[4] = {pack2(s[2 * kk][0], s[2 * kk][1]), pack2(s[2 * kk][2], s[2 * kk][3]),
-                          pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        u32 a[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            a[m][0] = pack2(s[m][2 * kk][0], s[m][2 * kk][1]);
+            a[m][1] = pack2(s[m][2 * kk][2], s[m][2 * kk][3]);
+            a[m][2] = pack2(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
+            a[m][3] = pack2(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
+        }
 #pragma unroll
         for (int dp = 0; dp < DV / 16; ++dp) {
             u32 b[4];
             ldsm_x4_trans(b, vs + fswz(VROW, kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), 2 * dp + (lane >> 4)));
-            mma(st.o[2 * dp], a, b[0], b[1]);
-            mma(st.o[2 * dp + 1], a, b[2], b[3]);
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                mma(st[m].o[2 * dp], a[m], b[0], b[1]);
+                mma(st[m].o[2 * dp + 1], a[m], b[2], b[3]);
+            }
         }
     }
 
@@ -441,20 +461,20 @@ __device__ __forceinline__ void attend(const FlashParams& p, WarpState& st, cons
         for (int nt = 0; nt < KN / 8; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                dbg[16 * KN + ((lane >> 2) + 8 * (e >> 1)) * KN + nt * 8 + 2 * (lane & 3) + (e & 1)] = s[nt][e];
+                dbg[16 * KN + ((lane >> 2) + 8 * (e >> 1)) * KN + nt * 8 + 2 * (lane & 3) + (e & 1)] = s[0][nt][e];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            const float l = st.sum(i);
+            const float l = st[0].sum(i);
             const int r = (lane >> 2) + 8 * i;
             if ((lane & 3) == 0) {
-                dbg[2 * 16 * KN + r] = st.row_max[i] * FLASH_LN2;
+                dbg[2 * 16 * KN + r] = st[0].row_max[i] * FLASH_LN2;
                 dbg[2 * 16 * KN + 16 + r] = l;
             }
 #pragma unroll
             for (int dt = 0; dt < DV / 8; ++dt) {
                 const int c = dt * 8 + 2 * (lane & 3);
-                dbg[2 * 16 * KN + 32 + r * DV + c] = st.o[dt][2 * i];
-                dbg[2 * 16 * KN + 32 + r * DV + c + 1] = st.o[dt][2 * i + 1];
+                dbg[2 * 16 * KN + 32 + r * DV + c] = st[0].o[dt][2 * i];
+                dbg[2 * 16 * KN + 32 + r * DV + c + 1] = st[0].o[dt][2 * i + 1];
             }
         }
     }
@@ -528,10 +548,12 @@ __device__ void merge_splits(const FlashParams& p, const int* row_tok, const int
     if (tid == 0) p.counters[slot] = 0;
 }
 
-// Prefill and chunked prefill: 4 warps of 16 rows share BN-key tiles. Grid (tiles, n_head_kv *
+// Prefill and chunked prefill: 4 warps of 16 * PREFILL_MT rows share BN-key tiles; two blocks
+// per SM (their shared memory allows no more at head size 128). Grid (tiles, n_head_kv *
 // chunks, splits); dynamic shared memory: the Q tile and PREFILL_STAGES K/V stages.
-extern "C" __global__ void __launch_bounds__(128, PREFILL_MIN_BLOCKS) flash_prefill(const FlashParams p) {
-    constexpr int BM = 16 * PREFILL_WARPS, THREADS = 32 * PREFILL_WARPS;
+extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashParams p) {
+    constexpr int MT = PREFILL_MT, BM = 16 * MT * PREFILL_WARPS, THREADS = 32 * PREFILL_WARPS;
+    constexpr bool QREGS = MT == 1 && D <= 128;
     constexpr u32 Q_BYTES = BM * QROW, K_BYTES = BN * KROW, STAGE = K_BYTES + BN * VROW;
     extern __shared__ __align__(128) u8 smem[];
     __shared__ int row_tok[BM], row_head[BM];
@@ -552,8 +574,16 @@ extern "C" __global__ void __launch_bounds__(128, PREFILL_MIN_BLOCKS) flash_pref
     u32 kb, ke;
     split_slice(p, block_range[0], block_range[1], BN, kb, ke);
     const int steps = (int)((ke - kb + BN - 1) / BN);
-    const int rows[2] = {warp * 16 + (lane >> 2), warp * 16 + (lane >> 2) + 8};
-    const RowMask rm[2] = {row_mask(p, row_tok[rows[0]], kv_len), row_mask(p, row_tok[rows[1]], kv_len)};
+    // This thread's rows: C-fragment rows lane / 4 and lane / 4 + 8 of each of the warp's tiles.
+    int rows[MT][2];
+    RowMask rm[MT][2];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            rows[m][i] = (warp * MT + m) * 16 + (lane >> 2) + 8 * i;
+            rm[m][i] = row_mask(p, row_tok[rows[m][i]], kv_len);
+        }
 
     const u32 g = blockIdx.y % p.n_head_kv;
     const u16* kg = p.k + seq * p.k_seq + g * p.k_head;
@@ -570,9 +600,10 @@ extern "C" __global__ void __launch_bounds__(128, PREFILL_MIN_BLOCKS) flash_pref
         cp_async_commit();
     }
 
-    WarpState st;
-    st.init();
-    QTile q;
+    WarpState st[MT];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) st[m].init();
+    QTile<QREGS> q[MT];
     for (int it = 0; it < steps; ++it) {
         const u32 k0 = kb + it * BN;
         const int ahead = it + PREFILL_STAGES - 1;
@@ -583,31 +614,36 @@ extern "C" __global__ void __launch_bounds__(128, PREFILL_MIN_BLOCKS) flash_pref
         cp_async_commit();
         cp_async_wait<PREFILL_STAGES - 1>();
         __syncthreads();
-        if (it == 0) q.init(base + warp * 16 * QROW, lane);
+        if (it == 0) {
+#pragma unroll
+            for (int m = 0; m < MT; ++m) q[m].init(base + (warp * MT + m) * 16 * QROW, lane);
+        }
         const u32 ks = base + Q_BYTES + (it % PREFILL_STAGES) * STAGE;
         float* dbg = nullptr;
 #ifdef FLASH_DEBUG
         if (p.debug && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && warp == 0 && (u32)it < p.debug_tiles)
             dbg = p.debug + (u64)it * debug_step_floats<BN>();
 #endif
-        attend<BN>(p, st, q, ks, ks + K_BYTES, k0, rm, seq, lane, dbg);
+        attend<BN, MT, QREGS>(p, st, q, ks, ks + K_BYTES, k0, rm, seq, lane, dbg);
         __syncthreads();
     }
     cp_async_wait_all();
 
     const bool partial = p.n_split > 1;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const float l = st.sum(i);
-        const int t = row_tok[rows[i]];
-        if (t < 0) continue;
-        const float inv = l > 0.f ? 1.f / l : 0.f;
-        const float lse2 = l > 0.f ? st.row_max[i] + __log2f(l) : FLASH_NEG_INF;
+    for (int m = 0; m < MT; ++m)
 #pragma unroll
-        for (int dt = 0; dt < DV / 8; ++dt)
-            store2(p, partial, t, row_head[rows[i]], dt * 8 + 2 * (lane & 3), st.o[dt][2 * i] * inv,
-                   st.o[dt][2 * i + 1] * inv, lse2, dt == 0 && (lane & 3) == 0);
-    }
+        for (int i = 0; i < 2; ++i) {
+            const float l = st[m].sum(i);
+            const int t = row_tok[rows[m][i]];
+            if (t < 0) continue;
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            const float lse2 = l > 0.f ? st[m].row_max[i] + __log2f(l) : FLASH_NEG_INF;
+#pragma unroll
+            for (int dt = 0; dt < DV / 8; ++dt)
+                store2(p, partial, t, row_head[rows[m][i]], dt * 8 + 2 * (lane & 3), st[m].o[dt][2 * i] * inv,
+                       st[m].o[dt][2 * i + 1] * inv, lse2, dt == 0 && (lane & 3) == 0);
+        }
     if (partial) merge_splits<BM, THREADS>(p, row_tok, row_head);
 }
 
@@ -663,7 +699,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
     const u32 wb = min(ke, kb + warp * per_warp), we = min(ke, wb + per_warp);
 #endif
     const int steps = (int)((we - wb + DEC_KEYS - 1) / DEC_KEYS);
-    const RowMask rm[2] = {row_mask(p, row_tok[lane >> 2], kv_len), row_mask(p, row_tok[(lane >> 2) + 8], kv_len)};
+    const RowMask rm[1][2] = {{row_mask(p, row_tok[lane >> 2], kv_len), row_mask(p, row_tok[(lane >> 2) + 8], kv_len)}};
 
     const u32 g = blockIdx.y % p.n_head_kv;
     DecodeRing ring;
@@ -677,11 +713,12 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
     for (int s = 0; s < DEC_STAGES - 1; ++s) ring.fill(p, s, wb + s * DEC_KEYS, lane);
     cp_async_wait<DEC_STAGES - 1>();  // the queries
     __syncthreads();
-    QTile q;
-    q.init(base, lane);
+    constexpr bool QREGS = D <= 128;
+    QTile<QREGS> q[1];
+    q[0].init(base, lane);
 
-    WarpState st;
-    st.init();
+    WarpState st[1];
+    st[0].init();
     for (int it = 0; it < steps; ++it) {
         const int ahead = it + DEC_STAGES - 1;
         ring.fill(p, ahead % DEC_STAGES, wb + ahead * DEC_KEYS, lane);
@@ -692,7 +729,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
             dbg = p.debug + (u64)it * debug_step_floats<DEC_KEYS>();
 #endif
         const int stage = it % DEC_STAGES;
-        attend<DEC_KEYS>(p, st, q, ring.k(stage), ring.v(stage), wb + it * DEC_KEYS, rm, seq, lane, dbg);
+        attend<DEC_KEYS, 1, QREGS>(p, st, q, ring.k(stage), ring.v(stage), wb + it * DEC_KEYS, rm, seq, lane, dbg);
         __syncwarp();
     }
     cp_async_wait_all();
@@ -707,14 +744,14 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             const int r = (lane >> 2) + 8 * i;
-            const float l = st.sum(i);
+            const float l = st[0].sum(i);
             if ((lane & 3) == 0) {
-                w[r] = st.row_max[i];
+                w[r] = st[0].row_max[i];
                 w[16 + r] = l;
             }
 #pragma unroll
             for (int dt = 0; dt < DV / 8; ++dt)
-                *(float2*)(w + 32 + r * DV + dt * 8 + 2 * (lane & 3)) = make_float2(st.o[dt][2 * i], st.o[dt][2 * i + 1]);
+                *(float2*)(w + 32 + r * DV + dt * 8 + 2 * (lane & 3)) = make_float2(st[0].o[dt][2 * i], st[0].o[dt][2 * i + 1]);
         }
     }
     __syncthreads();

@@ -10,9 +10,10 @@
 //!   Nothing is read from the host per call, so a captured graph replays as positions advance:
 //!   each split finds its slice of the keys from the token's position on the device. Decode is
 //!   bound by memory, so it splits the keys until every resident block slot of the GPU works.
-//! - `flash_prefill` (four warps, 64 rows) for runs of tokens of one sequence: tiles of
-//!   `64 / group` tokens (the query heads of a KV head are packed as rows), uploaded as a
-//!   (first token, count) list, the latest tokens first so the longest tiles start first.
+//! - `flash_prefill` (four warps of 32 rows, or 16 for head sizes past 128) for runs of tokens
+//!   of one sequence: tiles of `rows / group` tokens (the query heads of a KV head are packed
+//!   as rows), uploaded as a (first token, count) list, the latest tokens first so the
+//!   longest tiles start first.
 //! - Split-KV when the tiles alone cannot fill the GPU: each split writes normalised partial
 //!   rows and their log-sum-exp into the scratch, and the last split of each tile to finish
 //!   merges them (a counter per tile in the scratch, re-armed by that split). The split count
@@ -38,7 +39,6 @@ const DECODE_ROWS: usize = 16;
 const DECODE_KEYS: usize = 16;
 const DECODE_WARPS: usize = 4;
 const DECODE_STAGES: usize = 3;
-const PREFILL_ROWS: usize = 64;
 const PREFILL_STAGES: usize = 2;
 /// Both kernels run four warps.
 const THREADS: u32 = 128;
@@ -120,6 +120,16 @@ impl FlashConfig {
         d
     }
 
+    /// Rows of a prefill block: four warps of one or (head sizes up to 128) two 16-row tiles
+    /// (`PREFILL_MT` in flash.cu).
+    fn prefill_rows(&self) -> usize {
+        if self.head_dim > 128 || self.head_dim_v > 128 {
+            64
+        } else {
+            128
+        }
+    }
+
     /// Keys per warp step: `DEC_KEYS` in decode, `BN` in prefill.
     pub fn keys_per_step(&self, decode: bool) -> usize {
         if decode {
@@ -142,7 +152,7 @@ impl FlashConfig {
         let (rows, stages) = if decode {
             (DECODE_ROWS, DECODE_WARPS * DECODE_STAGES)
         } else {
-            (PREFILL_ROWS, PREFILL_STAGES)
+            (self.prefill_rows(), PREFILL_STAGES)
         };
         let key = (self.head_dim + self.head_dim_v) * 2;
         rows * self.head_dim * 2 + stages * self.keys_per_step(decode) * key
@@ -384,7 +394,11 @@ impl FlashKernels {
     ) -> Result<Launch, CudaError> {
         let group = a.n_head / a.n_head_kv.max(1);
         let decode = matches!(q, Queries::PerToken) && group <= DECODE_ROWS;
-        let rows = if decode { DECODE_ROWS } else { PREFILL_ROWS };
+        let rows = if decode {
+            DECODE_ROWS
+        } else {
+            self.cfg.prefill_rows()
+        };
         let chunks = group.div_ceil(rows);
         let per_tile = (rows / group.min(rows)).max(1);
         let mut tiles = Vec::new();
