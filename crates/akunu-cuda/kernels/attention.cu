@@ -51,6 +51,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 attention(const float* q, const u16* kcache, const u16* vcache, float* out, float* part_acc,
           float* part_ml, const u32* positions, const u32* slots, u32 n_head, u32 n_head_kv,
           u32 d, u32 dv, u32 n_ctx, float scale, int window, float softcap) {
+    pdl_begin();
     extern __shared__ uint4 smem[];
     const u32 kw = d / 2 + 1;
     const u32 vw = dv / 2;
@@ -230,6 +231,7 @@ attention(const float* q, const u16* kcache, const u16* vcache, float* out, floa
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 attention_combine(const float* part_acc, const float* part_ml, float* out, u32 rows, u32 dv,
                   u32 n_split) {
+    pdl_begin();
     __shared__ float weight[ATT_MAX_SPLITS];
     __shared__ float total;
     const u32 r = blockIdx.x;

@@ -4,6 +4,7 @@
 #include "common.cuh"
 
 extern "C" __global__ void chain_advance(const u32* tokens, u32* positions, u32* out, u32* counter) {
+    pdl_begin();
     if (threadIdx.x == 0 && blockIdx.x == 0) {
         u32 i = *counter;
         out[i] = tokens[0];

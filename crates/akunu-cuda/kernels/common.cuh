@@ -10,6 +10,17 @@ typedef signed char i8;
 
 #define WARP 32
 
+// Programmatic dependent launch (Hopper; `Gpu::launch_raw`): a kernel may be scheduled while its
+// predecessor on the stream drains. Every kernel starts with this: wait until the
+// predecessor's writes are visible (so transitively every earlier kernel's), then let the
+// successor's blocks be scheduled as this grid's blocks finish.
+__device__ __forceinline__ void pdl_begin() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

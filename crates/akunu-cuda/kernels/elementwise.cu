@@ -54,21 +54,25 @@ __device__ __forceinline__ void map2(float* a, const float* b, u64 n, F f) {
 
 // gate = silu(gate) * up. Work split: grid-stride over the n elements (4 per thread-step).
 extern "C" __global__ void gated_silu(float* gate, const float* up, u64 n) {
+    pdl_begin();
     map2(gate, up, n, Silu());
 }
 
 // gate = gelu_tanh(gate) * up. Work split: grid-stride over the n elements.
 extern "C" __global__ void gated_gelu(float* gate, const float* up, u64 n) {
+    pdl_begin();
     map2(gate, up, n, Gelu());
 }
 
 // dst += src. Work split: grid-stride over the n elements.
 extern "C" __global__ void add_inplace(float* dst, const float* src, u64 n) {
+    pdl_begin();
     map2(dst, src, n, Add());
 }
 
 // x = tanh(x / cap) * cap. Work split: grid-stride over the n elements.
 extern "C" __global__ void softcap(float* x, u64 n, float cap) {
+    pdl_begin();
     SoftCap f;
     f.cap = cap;
     map2(x, x, n, f);
@@ -78,6 +82,7 @@ extern "C" __global__ void softcap(float* x, u64 n, float cap) {
 // Work split: one block per output row (grid.x = n_rows), threads stride the row.
 extern "C" __global__ void gather_rows(const float* src, float* dst, const u32* rows, u32 n_rows,
                                        u32 width) {
+    pdl_begin();
     const u32 r = blockIdx.x;
     if (r >= n_rows) return;
     float* out = dst + (u64)r * width;

@@ -7,6 +7,7 @@
 extern "C" __global__ void embed(const u8* __restrict__ data, const u8* __restrict__ aux, int rows,
                                  int cols, const u32* __restrict__ tokens, int m,
                                  float* __restrict__ out, float scale) {
+    pdl_begin();
     const int t = blockIdx.y;
     const int g = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= m || g >= cols / 32) return;

@@ -552,6 +552,7 @@ __device__ void merge_splits(const FlashParams& p, const int* row_tok, const int
 // per SM (their shared memory allows no more at head size 128). Grid (tiles, n_head_kv *
 // chunks, splits); dynamic shared memory: the Q tile and PREFILL_STAGES K/V stages.
 extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashParams p) {
+    pdl_begin();
     constexpr int MT = PREFILL_MT, BM = 16 * MT * PREFILL_WARPS, THREADS = 32 * PREFILL_WARPS;
     constexpr bool QREGS = MT == 1 && D <= 128;
     constexpr u32 Q_BYTES = BM * QROW, K_BYTES = BN * KROW, STAGE = K_BYTES + BN * VROW;
@@ -676,6 +677,7 @@ struct DecodeRing {
 // contiguous quarter of the block's keys through its own ring. Grid (tokens, n_head_kv,
 // splits); dynamic shared memory: the Q tile and each warp's ring.
 extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams p) {
+    pdl_begin();
     constexpr int BM = 16, THREADS = 32 * DEC_WARPS;
     constexpr u32 Q_BYTES = BM * QROW;
     extern __shared__ __align__(128) u8 smem[];

@@ -92,6 +92,7 @@ __device__ __forceinline__ void prep_row(const float* x, long long x_stride, int
 // Grid: one block per token row (gridDim.x = m), 256 threads. k is a multiple of 32.
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
     gemm_prep_x(const float* x, long long x_stride, int k, int vec, u16* xh, float* xscale) {
+    pdl_begin();
     if (vec)
         prep_row<true>(x, x_stride, k, xh, xscale);
     else
@@ -243,9 +244,11 @@ __device__ __forceinline__ void gemm_tile(const u8* data, const u8* aux, int row
 // compiler issue the next step's weight loads at the top of the step and decode them after the
 // multiply; the 64-token kernel fits two blocks per SM in 128 registers with the same schedule.
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) gemm_m128(GEMM_PARAMS) {
+    pdl_begin();
     gemm_tile<4>(GEMM_ARGS);
 }
 
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2) gemm_m64(GEMM_PARAMS) {
+    pdl_begin();
     gemm_tile<2>(GEMM_ARGS);
 }

@@ -24,6 +24,7 @@
 extern "C" __global__ void __launch_bounds__(256)
     quantize_act(const float* __restrict__ x, int x_stride, int m, int cols, i8* __restrict__ q,
                  float4* __restrict__ s) {
+    pdl_begin();
     const int t = blockIdx.y;
     const int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
@@ -734,6 +735,7 @@ __device__ __forceinline__ void gemv_gated(const QMatrix& gate, const QMatrix& u
                   const i8* __restrict__ aq, const float4* __restrict__ as,                     \
                   const float* __restrict__ xf, int x_stride, int m, float* __restrict__ y,     \
                   int y_stride, const float* __restrict__ bias, int mode) {                     \
+        pdl_begin();                                                                             \
         const QMatrix mat = {data, aux, rows, cols};                                             \
         const Acts x = {aq, as, xf, cols, x_stride};                                             \
         gemv_plain<M, NR>(mat, x, m, y, y_stride, bias, mode);                                   \
@@ -743,6 +745,7 @@ __device__ __forceinline__ void gemv_gated(const QMatrix& gate, const QMatrix& u
         const u8* __restrict__ data2, const u8* __restrict__ aux2, const i8* __restrict__ aq,   \
         const float4* __restrict__ as, const float* __restrict__ xf, int x_stride, int m,       \
         float* __restrict__ y, int y_stride, int act) {                                          \
+        pdl_begin();                                                                             \
         const QMatrix gate = {data, aux, rows, cols};                                            \
         const QMatrix up = {data2, aux2, rows, cols};                                            \
         const Acts x = {aq, as, xf, cols, x_stride};                                             \

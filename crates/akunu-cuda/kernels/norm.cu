@@ -64,6 +64,7 @@ __device__ __forceinline__ float inv_rms(float sum_sq, u32 n, float eps) {
 // Work split: one warp per group, blockDim.x / 32 warps per block; grid.x = ceil(groups / warps).
 extern "C" __global__ void rms_norm_warp(const float* src, float* dst, const float* w,
                                          u32 n_groups, u32 group, float eps) {
+    pdl_begin();
     const u32 g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (g >= n_groups) return;
     const u32 lane = threadIdx.x & 31;
@@ -82,6 +83,7 @@ extern "C" __global__ void rms_norm_warp(const float* src, float* dst, const flo
 // Work split: one block per group (grid.x = n_groups), the block's threads stride the group.
 extern "C" __global__ void rms_norm_block(const float* src, float* dst, const float* w,
                                           u32 n_groups, u32 group, float eps) {
+    pdl_begin();
     __shared__ float red[32];
     const u32 g = blockIdx.x;
     if (g >= n_groups) return;
@@ -141,6 +143,7 @@ __device__ __forceinline__ void add_rms_row(float* res, const float* add, const 
 extern "C" __global__ void add_rms_norm(float* residual, const float* add, const float* post_w,
                                         const float* next_w, float* normed, u32 rows, u32 width,
                                         float eps) {
+    pdl_begin();
     __shared__ float red[32];
     const u32 r = blockIdx.x;
     if (r >= rows) return;

@@ -19,6 +19,7 @@ qk_rope_store(float* q, const float* k, const float* v, const float* q_norm, con
               float eps, const float* inv_freq, u32 n_rot, u32 neox, const u32* positions,
               const u32* slots, u16* kcache, u16* vcache, u32 n_head, u32 n_head_kv,
               u32 head_dim, u32 head_dim_v, u32 n_ctx) {
+    pdl_begin();
     __shared__ float cos_sin[ROPE_MAX_DIM];
     __shared__ float head[ROPE_WARPS][ROPE_MAX_DIM];
     const u32 t = blockIdx.x;

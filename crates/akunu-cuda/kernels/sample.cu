@@ -270,6 +270,7 @@ __device__ __forceinline__ float gumbel_score(float x, const SampleParams& P, u3
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
 argmax_f32(const float* __restrict__ logits, u32 n, u32 per_block, u32* __restrict__ out,
            float* part_v, u32* part_i, u32 part_stride, u32* tickets) {
+    pdl_begin();
     __shared__ float sv[ARGMAX_THREADS / WARP];
     __shared__ u32 si[ARGMAX_THREADS / WARP];
     __shared__ u32 last;
@@ -890,6 +891,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
 sample_f32(float* logits, u32 n, u32 per_block, float ln_n17, const SampleParams* params,
            RowState* states, u32* rings, u32 ring_cap, unsigned char* scratch, u32* out,
            u32 helpers) {
+    pdl_begin();
     extern __shared__ u32 win[];
     __shared__ SampleSmem sm;
     const u32 tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
@@ -1115,6 +1117,7 @@ sample_f32(float* logits, u32 n, u32 per_block, float ln_n17, const SampleParams
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
 sample_exact_hist(const float* logits, u32 n, u32 per_block, float ln_n17,
                   const SampleParams* params, RowState* states, unsigned char* scratch) {
+    pdl_begin();
     __shared__ u32 hc[NB2];
     __shared__ u64 hm[NB2];
     __shared__ RowSummary sum;
@@ -1266,6 +1269,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
 sample_exact_draw(const float* logits, u32 n, u32 per_block, float ln_n17,
                   const SampleParams* params, RowState* states, u32* rings, u32 ring_cap,
                   unsigned char* scratch, u32* out) {
+    pdl_begin();
     extern __shared__ u64 ck[];
     __shared__ DrawSmem sm;
     const u32 tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;

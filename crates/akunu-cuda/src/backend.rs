@@ -13,7 +13,8 @@
 //! buffer and runs the steps; kernels read that metadata on the device, so the launches of a
 //! pass depend only on its token and output counts. Passes of decode size (at most
 //! `gemv_max_m` tokens) are captured once per (tokens, outputs) shape as a CUDA graph and
-//! replayed. Chain decode ([`CudaBackend::decode_chain`]) replays the one-token graph with the
+//! replayed, their kernels joined by programmatic dependent launch on Hopper (each kernel is
+//! scheduled while its predecessor drains). Chain decode ([`CudaBackend::decode_chain`]) replays the one-token graph with the
 //! next token chosen on the device, reading tokens back once per chain.
 
 use std::cell::RefCell;
@@ -786,7 +787,9 @@ impl CudaBackend {
             stream
                 .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(|e| CudaError::driver("starting graph capture", e))?;
+            self.gpu.set_dependent_launch(true);
             let launched = self.launch_all(m, n_out, chain);
+            self.gpu.set_dependent_launch(false);
             let graph = stream
                 .end_capture(CUgraphInstantiate_flags(0))
                 .map_err(|e| CudaError::driver("ending graph capture", e))?;

@@ -28,6 +28,10 @@ pub struct ChipConfig {
     pub gemv_warps: usize,
     /// Largest batch served by the GEMV kernels; larger batches use the tiled GEMM.
     pub gemv_max_m: usize,
+    /// Decode steps launch their kernels with programmatic dependent launch (Hopper and later),
+    /// so each one is scheduled while its predecessor drains; `AKUNU_CHIP_DEPENDENT_LAUNCH=0`
+    /// turns it off.
+    pub dependent_launch: bool,
 }
 
 fn env_override(name: &str, default: usize) -> usize {
@@ -104,6 +108,7 @@ impl ChipConfig {
             gemv_warps: env_override("gemv_warps", 4),
             gemv_max_m: env_override("gemv_max_m", crate::matmul::MAX_M)
                 .clamp(1, crate::matmul::MAX_M),
+            dependent_launch: major >= 9 && env_override("dependent_launch", 1) != 0,
         }
     }
 }

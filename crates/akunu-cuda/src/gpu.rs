@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
@@ -118,6 +119,8 @@ pub struct Gpu {
     stream: Arc<CudaStream>,
     pub chip: ChipConfig,
     modules: Mutex<HashMap<ModuleKey, Arc<CudaModule>>>,
+    /// Launches now use programmatic dependent launch (see [`Gpu::set_dependent_launch`]).
+    dependent: AtomicBool,
 }
 
 impl Gpu {
@@ -140,6 +143,7 @@ impl Gpu {
             stream,
             chip,
             modules: Mutex::new(HashMap::new()),
+            dependent: AtomicBool::new(false),
         }))
     }
 
@@ -189,6 +193,16 @@ impl Gpu {
             .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
             .map(|n| n as usize)
             .map_err(|e| CudaError::driver("querying occupancy", e))
+    }
+
+    /// Whether the following launches may overlap their predecessors (programmatic dependent
+    /// launch, where the chip allows it). Worth it for chains of small kernels such as a
+    /// decode step, where it hides most of each launch's latency; large multi-wave kernels
+    /// (prefill) lose by it, since early blocks of the next kernel crowd the SMs that free
+    /// first.
+    pub fn set_dependent_launch(&self, on: bool) {
+        self.dependent
+            .store(on && self.chip.dependent_launch, Ordering::Relaxed);
     }
 
     /// A new buffer holding `data`.
@@ -392,15 +406,44 @@ impl Gpu {
         params: &mut [*mut c_void],
     ) -> Result<(), CudaError> {
         self.bind()?;
-        result::launch_kernel(
-            k.func.cu_function(),
-            grid,
-            block,
-            smem,
-            self.stream.cu_stream(),
-            params,
-        )
-        .map_err(|e| CudaError::driver(&format!("launching {}", k.name), e))
+        let launched = if self.dependent.load(Ordering::Relaxed) {
+            // Programmatic stream serialization: the kernel may start while its predecessor
+            // drains; it waits for the predecessor's writes itself (`pdl_begin` in common.cuh).
+            // In a captured graph this becomes a programmatic edge.
+            let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+            attr.id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let config = sys::CUlaunchConfig {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: grid.2,
+                blockDimX: block.0,
+                blockDimY: block.1,
+                blockDimZ: block.2,
+                sharedMemBytes: smem,
+                hStream: self.stream.cu_stream(),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            sys::cuLaunchKernelEx(
+                &config,
+                k.func.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+            .result()
+        } else {
+            result::launch_kernel(
+                k.func.cu_function(),
+                grid,
+                block,
+                smem,
+                self.stream.cu_stream(),
+                params,
+            )
+        };
+        launched.map_err(|e| CudaError::driver(&format!("launching {}", k.name), e))
     }
 
     /// Free and total device memory in bytes.
