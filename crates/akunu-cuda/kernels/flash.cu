@@ -315,6 +315,17 @@ constexpr int debug_step_floats() {
     return 2 * 16 * KN + 32 + 16 * DV;
 }
 
+#ifdef FLASH_DEBUG
+// A 16 x KN C-fragment tile (times `unit`) into dst, row-major.
+template <int KN>
+__device__ __forceinline__ void dump_tile(float* dst, const float (&s)[KN / 8][4], float unit, int lane) {
+#pragma unroll
+    for (int nt = 0; nt < KN / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dst[((lane >> 2) + 8 * (e >> 1)) * KN + nt * 8 + 2 * (lane & 3) + (e & 1)] = s[nt][e] * unit;
+}
+#endif
+
 // One warp step over KN keys from k0, whose K and V tiles are at ks and vs, for MT tiles of 16
 // rows (each K or V fragment feeds MT MMAs). `dbg` (debug builds) receives the first row
 // tile's state after this step, or is null.
@@ -382,13 +393,7 @@ __device__ __forceinline__ void attend(const FlashParams& p, WarpState (&st)[MT]
                         s[m][nt][e] = FLASH_NEG_INF;
     }
 #ifdef FLASH_DEBUG
-    if (dbg) {
-#pragma unroll
-        for (int nt = 0; nt < KN / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                dbg[((lane >> 2) + 8 * (e >> 1)) * KN + nt * 8 + 2 * (lane & 3) + (e & 1)] = s[0][nt][e] * FLASH_LN2;
-    }
+    if (dbg) dump_tile<KN>(dbg, s[0], FLASH_LN2, lane);
 #endif
 
     float use_max[MT][2], corr[MT][2];
@@ -457,11 +462,7 @@ __device__ __forceinline__ void attend(const FlashParams& p, WarpState (&st)[MT]
 
 #ifdef FLASH_DEBUG
     if (dbg) {
-#pragma unroll
-        for (int nt = 0; nt < KN / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                dbg[16 * KN + ((lane >> 2) + 8 * (e >> 1)) * KN + nt * 8 + 2 * (lane & 3) + (e & 1)] = s[0][nt][e];
+        dump_tile<KN>(dbg + 16 * KN, s[0], 1.f, lane);
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             const float l = st[0].sum(i);
