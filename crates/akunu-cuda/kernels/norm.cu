@@ -100,49 +100,85 @@ extern "C" __global__ void rms_norm_block(const float* src, float* dst, const fl
     }
 }
 
-template <bool VEC>
+// Float4s of a row each thread keeps in registers in add_rms_row_regs (the launcher gives a
+// row up to 1024 threads, so rows up to 8192 wide; 1024 threads leave 64 registers each).
+#define ADD_NORM_VECS 2
+
+// The row in registers: every load is issued before the first reduction (the weights too), so a
+// decode step's single row costs one memory round trip, not one per pass. Needs 16-byte
+// alignment and width <= 4 * ADD_NORM_VECS * blockDim.x.
+__device__ __forceinline__ void add_rms_row_regs(float* res, const float* add, const float* post_w,
+                                                 const float* next_w, float* normed, u32 width,
+                                                 float eps, float* red) {
+    const u32 n4 = width / 4, i0 = threadIdx.x, step = blockDim.x;
+    float4 a[ADD_NORM_VECS], r[ADD_NORM_VECS], g[ADD_NORM_VECS];
+    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int k = 0; k < ADD_NORM_VECS; ++k) {
+        const u32 i = i0 + k * step;
+        const bool in = i < n4;
+        a[k] = in ? reinterpret_cast<const float4*>(add)[i] : zero;
+        r[k] = in ? reinterpret_cast<const float4*>(res)[i] : zero;
+        g[k] = in ? reinterpret_cast<const float4*>(next_w)[i] : zero;
+    }
+    if (post_w) {
+        float ps = 0.f;
+#pragma unroll
+        for (int k = 0; k < ADD_NORM_VECS; ++k) ps += a[k].x * a[k].x + a[k].y * a[k].y + a[k].z * a[k].z + a[k].w * a[k].w;
+        const float post_scale = inv_rms(block_sum(ps, red), width, eps);
+#pragma unroll
+        for (int k = 0; k < ADD_NORM_VECS; ++k) {
+            const u32 i = i0 + k * step;
+            const float4 p = i < n4 ? reinterpret_cast<const float4*>(post_w)[i] : zero;
+            a[k] = make_float4(a[k].x * post_scale * p.x, a[k].y * post_scale * p.y, a[k].z * post_scale * p.z,
+                               a[k].w * post_scale * p.w);
+        }
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < ADD_NORM_VECS; ++k) {
+        r[k] = make_float4(r[k].x + a[k].x, r[k].y + a[k].y, r[k].z + a[k].z, r[k].w + a[k].w);
+        ss += r[k].x * r[k].x + r[k].y * r[k].y + r[k].z * r[k].z + r[k].w * r[k].w;
+    }
+    const float scale = inv_rms(block_sum(ss, red), width, eps);
+#pragma unroll
+    for (int k = 0; k < ADD_NORM_VECS; ++k) {
+        const u32 i = i0 + k * step;
+        if (i < n4) {
+            reinterpret_cast<float4*>(res)[i] = r[k];
+            reinterpret_cast<float4*>(normed)[i] =
+                make_float4(r[k].x * scale * g[k].x, r[k].y * scale * g[k].y, r[k].z * scale * g[k].z,
+                            r[k].w * scale * g[k].w);
+        }
+    }
+}
+
+// The general case (unaligned rows, odd widths): three passes over the row.
 __device__ __forceinline__ void add_rms_row(float* res, const float* add, const float* post_w,
                                             const float* next_w, float* normed, u32 width,
                                             float eps, float* red) {
     const u32 i0 = threadIdx.x, step = blockDim.x;
     float post_scale = 1.f;
-    if (post_w) post_scale = inv_rms(block_sum(sum_squares<VEC>(add, width, i0, step), red), width, eps);
+    if (post_w) post_scale = inv_rms(block_sum(sum_squares<false>(add, width, i0, step), red), width, eps);
     float ss = 0.f;
-    if (VEC) {
-        const float4* a4 = reinterpret_cast<const float4*>(add);
-        const float4* p4 = reinterpret_cast<const float4*>(post_w);
-        float4* r4 = reinterpret_cast<float4*>(res);
-        for (u32 i = i0; i < width / 4; i += step) {
-            float4 a = a4[i];
-            if (post_w) {
-                float4 p = p4[i];
-                a = make_float4(a.x * post_scale * p.x, a.y * post_scale * p.y,
-                                a.z * post_scale * p.z, a.w * post_scale * p.w);
-            }
-            float4 r = r4[i];
-            r = make_float4(r.x + a.x, r.y + a.y, r.z + a.z, r.w + a.w);
-            r4[i] = r;
-            ss += r.x * r.x + r.y * r.y + r.z * r.z + r.w * r.w;
-        }
-    } else {
-        for (u32 i = i0; i < width; i += step) {
-            float a = add[i];
-            if (post_w) a = a * post_scale * post_w[i];
-            float r = res[i] + a;
-            res[i] = r;
-            ss += r * r;
-        }
+    for (u32 i = i0; i < width; i += step) {
+        float a = add[i];
+        if (post_w) a = a * post_scale * post_w[i];
+        float r = res[i] + a;
+        res[i] = r;
+        ss += r * r;
     }
     float scale = inv_rms(block_sum(ss, red), width, eps);
-    scale_rows<VEC>(res, next_w, normed, scale, width, i0, step);
+    scale_rows<false>(res, next_w, normed, scale, width, i0, step);
 }
 
 // Per row: optionally add = rms_norm(add) * post_w (not written back), then residual += add,
 // then normed = rms_norm(residual) * next_w. post_w == 0 skips the first norm.
-// Work split: one block per row (grid.x = rows), the block's threads stride the row.
-extern "C" __global__ void add_rms_norm(float* residual, const float* add, const float* post_w,
-                                        const float* next_w, float* normed, u32 rows, u32 width,
-                                        float eps) {
+// Work split: one block per row (grid.x = rows), a float4 of the row per thread (the launcher
+// picks the block size).
+extern "C" __global__ void __launch_bounds__(1024)
+    add_rms_norm(float* residual, const float* add, const float* post_w, const float* next_w, float* normed,
+                 u32 rows, u32 width, float eps) {
     pdl_begin();
     __shared__ float red[32];
     const u32 r = blockIdx.x;
@@ -151,10 +187,10 @@ extern "C" __global__ void add_rms_norm(float* residual, const float* add, const
     const float* a = add + (u64)r * width;
     float* out = normed + (u64)r * width;
     const bool vec = (width & 3) == 0 && aligned16(residual, add, normed) &&
-                     aligned16(next_w, post_w, residual);
+                     aligned16(next_w, post_w, residual) && width <= 4 * ADD_NORM_VECS * blockDim.x;
     if (vec) {
-        add_rms_row<true>(res, a, post_w, next_w, out, width, eps, red);
+        add_rms_row_regs(res, a, post_w, next_w, out, width, eps, red);
     } else {
-        add_rms_row<false>(res, a, post_w, next_w, out, width, eps, red);
+        add_rms_row(res, a, post_w, next_w, out, width, eps, red);
     }
 }

@@ -201,6 +201,12 @@ fn row_threads(width: usize) -> u32 {
     t.clamp(128, 1024) as u32
 }
 
+/// Threads of an `add_rms_norm` block: a float4 of the row each (its whole row stays in
+/// registers, and a decode step's one row is spread over as many threads as it can use).
+fn add_norm_threads(width: usize) -> u32 {
+    (width.div_ceil(4).div_ceil(32) * 32).clamp(128, 1024) as u32
+}
+
 /// Dynamic shared memory of one attention block (see attention.cu).
 fn attention_smem(d: usize, dv: usize) -> usize {
     4 * (ATT_TILE * dv / 2
@@ -309,7 +315,7 @@ impl LayerKernels {
         gpu.launch(
             &self.add_rms_norm,
             (rows, 1, 1),
-            (row_threads(width), 1, 1),
+            (add_norm_threads(width), 1, 1),
             0,
             &[
                 Arg::Ptr(residual),
