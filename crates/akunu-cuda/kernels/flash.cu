@@ -134,16 +134,18 @@ struct RowMask {
     __device__ __forceinline__ bool valid() const { return t >= 0; }
 };
 
+// The keys [lo, hi) a query at `pos` may see: causal and window limits within the stored ones.
+__device__ __forceinline__ void key_range(const FlashParams& p, u32 pos, u32 kv_len, u32& lo, u32& hi) {
+    hi = p.causal ? min(kv_len, pos + 1) : kv_len;
+    lo = p.window > 0 && pos + 1 > (u32)p.window ? pos + 1 - (u32)p.window : 0;
+}
+
 __device__ __forceinline__ RowMask row_mask(const FlashParams& p, int t, u32 kv_len) {
     RowMask m;
     m.t = t;
     m.lo = 0;
     m.hi = 0;
-    if (t >= 0) {
-        const u32 pos = p.q_pos[t];
-        m.hi = p.causal ? min(kv_len, pos + 1) : kv_len;
-        if (p.window > 0 && pos + 1 > (u32)p.window) m.lo = pos + 1 - (u32)p.window;
-    }
+    if (t >= 0) key_range(p, p.q_pos[t], kv_len, m.lo, m.hi);
     return m;
 }
 
@@ -175,10 +177,8 @@ __device__ __forceinline__ void tile_rows(const FlashParams& p, u32 t0, u32 ntok
     if (tid < 32) {
         u32 lo = 0xffffffffu, hi = 0;
         for (u32 i = lane; i < ntok; i += 32) {
-            const u32 pos = p.q_pos[t0 + i];
-            u32 h = kv_len, l = 0;
-            if (p.causal) h = min(h, pos + 1);
-            if (p.window > 0 && pos + 1 > (u32)p.window) l = pos + 1 - (u32)p.window;
+            u32 l, h;
+            key_range(p, p.q_pos[t0 + i], kv_len, l, h);
             lo = min(lo, l);
             hi = max(hi, h);
         }

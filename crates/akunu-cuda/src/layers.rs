@@ -195,16 +195,12 @@ fn check_cache_op(
     Ok(())
 }
 
-/// Threads of a block that strides one row of `width` floats, about 4 float4 per thread.
-fn row_threads(width: usize) -> u32 {
-    let t = width.div_ceil(16).div_ceil(32) * 32;
-    t.clamp(128, 1024) as u32
-}
-
-/// Threads of an `add_rms_norm` block: a float4 of the row each (its whole row stays in
-/// registers, and a decode step's one row is spread over as many threads as it can use).
-fn add_norm_threads(width: usize) -> u32 {
-    (width.div_ceil(4).div_ceil(32) * 32).clamp(128, 1024) as u32
+/// Threads of a block that strides one row of `width` floats, `per_thread` floats each
+/// (whole warps, 128 to 1024): 16 for the norms that loop over the row, 4 for
+/// `add_rms_norm`, which keeps a float4 of the row per thread in registers and so spreads a
+/// decode step's one row over as many threads as it can use.
+fn row_threads(width: usize, per_thread: usize) -> u32 {
+    (width.div_ceil(per_thread).div_ceil(32) * 32).clamp(128, 1024) as u32
 }
 
 /// Dynamic shared memory of one attention block (see attention.cu).
@@ -279,7 +275,7 @@ impl LayerKernels {
             let block = (NORM_WARP_THREADS, 1, 1);
             gpu.launch(&self.rms_norm_warp, (blocks, 1, 1), block, 0, &args)
         } else {
-            let block = (row_threads(group), 1, 1);
+            let block = (row_threads(group, 16), 1, 1);
             gpu.launch(&self.rms_norm_block, (g, 1, 1), block, 0, &args)
         }
     }
@@ -315,7 +311,7 @@ impl LayerKernels {
         gpu.launch(
             &self.add_rms_norm,
             (rows, 1, 1),
-            (add_norm_threads(width), 1, 1),
+            (row_threads(width, 4), 1, 1),
             0,
             &[
                 Arg::Ptr(residual),
@@ -605,7 +601,7 @@ impl LayerKernels {
         gpu.launch(
             &self.gather_rows,
             (n, 1, 1),
-            (row_threads(width), 1, 1),
+            (row_threads(width, 16), 1, 1),
             0,
             &[
                 Arg::Ptr(src),
