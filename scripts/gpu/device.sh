@@ -3,7 +3,7 @@
 # kernel tests, the whole-model checks against the CPU backend, compute-sanitizer,
 # `akunu bench` beside llama.cpp on identical synthetic models, and our attention kernels beside
 # PyTorch's (flash_bench.py). Logs go to $OUT; the last lines printed are the summary table.
-#   GPU_STAGES="tests sanitize e2e profile bench flash ncu" (default: all but ncu)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
+#   GPU_STAGES="tests sanitize e2e profile bench flash gemv ncu" (default: all but gemv, ncu)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
 #   GPU_TESTS="test-flash test-backend" (default: every test executable)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -92,6 +92,11 @@ if [[ $stages == *flash* ]]; then
     | while IFS= read -r line; do row "$line"; done
   rc=${PIPESTATUS[0]}
   [ "$rc" = 0 ] || row "flash bench: FAIL ($(tail -1 "$LOGS/flash-bench.log"))"
+fi
+if [[ $stages == *gemv* ]]; then
+  # Decode-sized products, the chip config's launch shapes beside unsplit rows and 8-warp blocks.
+  "$B/test-matmul" --ignored --nocapture --exact gemv_bandwidth > "$OUT/gemv-bandwidth.txt" 2>&1
+  row "gemv bandwidth: rc=$? ($(grep -c GB/s "$OUT/gemv-bandwidth.txt") lines)"
 fi
 if [[ $stages == *ncu* ]]; then
   # Nsight Compute on the attention kernels: by default the second decode shape (32K keys),

@@ -11,14 +11,24 @@ typedef signed char i8;
 #define WARP 32
 
 // Programmatic dependent launch (Hopper; `Gpu::launch_raw`): a kernel may be scheduled while its
-// predecessor on the stream drains. Every kernel starts with this: wait until the
+// predecessor on the stream drains. Every kernel starts with pdl_begin: wait until the
 // predecessor's writes are visible (so transitively every earlier kernel's), then let the
-// successor's blocks be scheduled as this grid's blocks finish.
-__device__ __forceinline__ void pdl_begin() {
+// successor's blocks be scheduled as this grid's blocks finish. A kernel with work that needs
+// nothing from its predecessor (the GEMVs' first weight loads) calls pdl_release first and
+// pdl_wait once that work is issued.
+__device__ __forceinline__ void pdl_wait() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_release() {
+#if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
+}
+__device__ __forceinline__ void pdl_begin() {
+    pdl_wait();
+    pdl_release();
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -8,12 +8,18 @@
 // values per __dp4a with int32 sums inside a sub-block and f32 across them. Float weights
 // (F32, F16, BF16) meet the f32 activations directly.
 //
-// Work split: a warp owns NR output rows (1 or 2 for m = 1 by type, 4 for m = 4 and 8, else 2;
-// the gated kernel: the gate and up rows of one output) and walks them in per-type "chunks" of
-// 16 to 64 weight bytes: lane l takes chunks l, l + 32, ... so every weight load is 16 bytes,
-// the warp reads 512 contiguous bytes at a time, and each lane keeps UNROLL chunks in flight. A
-// chunk's activations are loaded once per token and serve every row the warp owns. The per-lane
-// partial sums of all (row, token) pairs are then reduced across the warp in one butterfly.
+// Work split: a row group of `ksplit` warps (1, 2, 4 or 8, a divisor of the block's warps;
+// more than 1 only in the _split entries of m = 1)
+// owns NR output rows (1 or 2 for m = 1 by type, 4 for m = 4 and 8, else 2; the gated kernel:
+// the gate and up rows of one output) and walks them in per-type "chunks" of 16 to 64 weight
+// bytes: lane l of the group's warp k takes chunks 32k + l, 32k + l + 32·ksplit, ... so every
+// weight load is 16 bytes, the group reads 512·ksplit contiguous bytes at a time, and each lane
+// keeps UNROLL chunks in flight. A chunk's activations are loaded once per token and serve every
+// row the warp owns. The per-lane partial sums of all (row, token) pairs are then reduced
+// across the warp in one butterfly, and across the group's warps through shared memory. The
+// host splits a row's columns over several warps when there are too few rows to fill the GPU
+// (a 1024-row projection has 512 row pairs: four warps per SM), so every SM keeps enough
+// weight bytes in flight.
 #include "common.cuh"
 
 #ifndef QTYPE
@@ -52,9 +58,10 @@ extern "C" __global__ void __launch_bounds__(256)
 #define FULL_MASK 0xffffffffu
 
 // A 16-byte load of weights, which are read once: kept out of L1, which the activations use.
+// Volatile, so the first ones stay ahead of the wait for the preceding kernel.
 __device__ __forceinline__ uint4 ld_weights(const void* p) {
     uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
         : "l"(p));
     return v;
@@ -621,35 +628,49 @@ __device__ __forceinline__ float reduce_values(float (&v)[V], int lane) {
 }
 
 // The dot products of NR rows (row[r] of mat[r]) with up to M tokens; every lane returns
-// partial sums acc[r][t] over its chunks.
-template <int M, int NR>
+// partial sums acc[r][t] over its chunks first, first + stride, ... (KS = 1: the stride is 32,
+// known at compile time so the unrolled loads fold it into their offsets; KS = 0: `stride`).
+// The weights do not depend on the preceding kernel, so with `early` the first batch is
+// requested before waiting for it: under dependent launch those loads overlap the
+// predecessor's tail.
+template <int M, int NR, int KS>
 __device__ __forceinline__ void row_dots(const QMatrix (&mat)[NR], const int (&row)[NR],
-                                         const Acts& x, int m, int lane, float (&acc)[NR][M]) {
+                                         const Acts& x, int m, int first, int stride, bool early,
+                                         float (&acc)[NR][M]) {
 #pragma unroll
     for (int r = 0; r < NR; r++) {
 #pragma unroll
         for (int t = 0; t < M; t++) acc[r][t] = 0.0f;
     }
     const int nch = mat[0].cols / CV;
+    const int step = KS == 1 ? 32 : stride;
     // Chunks in flight per lane and row: fewer when a warp owns four rows.
     constexpr int U = NR >= 4 && UNROLL > 1 ? UNROLL / 2 : UNROLL;
-    for (int c0 = lane; c0 < nch; c0 += 32 * U) {
-        W w[U][NR];
+    W w[U][NR];
+    auto load_batch = [&](int c0) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            if (c0 + 32 * u < nch) {
+            if (c0 + step * u < nch) {
 #pragma unroll
-                for (int r = 0; r < NR; r++) load_w(w[u][r], mat[r], row[r], c0 + 32 * u);
+                for (int r = 0; r < NR; r++) load_w(w[u][r], mat[r], row[r], c0 + step * u);
             }
         }
+    };
+    if (!early) pdl_wait();
+    load_batch(first);
+    if (early) pdl_wait();
+    // Released only past the wait, so at most two grids share the SMs.
+    pdl_release();
+    for (int c0 = first; c0 < nch; c0 += step * U) {
+        if (c0 != first) load_batch(c0);
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            if (c0 + 32 * u < nch) {
+            if (c0 + step * u < nch) {
 #pragma unroll
                 for (int t = 0; t < M; t++) {
                     if (t < m) {
                         A a;
-                        load_a(a, x, t, c0 + 32 * u);
+                        load_a(a, x, t, c0 + step * u);
 #pragma unroll
                         for (int r = 0; r < NR; r++) acc[r][t] += dot(w[u][r], a);
                     }
@@ -659,16 +680,48 @@ __device__ __forceinline__ void row_dots(const QMatrix (&mat)[NR], const int (&r
     }
 }
 
-// Plain product. Block = warps of 32 lanes; warp w of block b owns rows
-// (b*warps + w)*NR + r, r < NR (NR = M1_ROWS for m = 1, 4 for m = 4 and 8, else 2).
-// Per mode: 0 y = W·x (+ bias), 1 y = silu(y)·(W·x), 2 y = gelu(y)·(W·x).
-template <int M, int NR>
+// Where a warp works: its row group's index in the grid (groups of `ksplit` warps, ksplit a
+// power of two dividing the block's warps) and its first chunk and chunk stride.
+struct Split {
+    int group, first, stride;
+};
+__device__ __forceinline__ Split split_of(int block, int ksplit) {
+    const int warp = threadIdx.x >> 5;
+    const int groups = (blockDim.x >> 5) / ksplit;
+    return {block * groups + warp / ksplit, 32 * (warp & (ksplit - 1)) + (threadIdx.x & 31),
+            32 * ksplit};
+}
+
+// Adds the other warps' totals of this warp's row group to `s`, in the lanes that hold one
+// after reduce_values<V>. False in every warp but the group's first, which alone stores.
+template <int V>
+__device__ __forceinline__ bool gather_group(float& s, int lane, int ksplit) {
+    if (ksplit == 1) return true;
+    constexpr int SH = 5 - Log2<V>::value;
+    __shared__ float part[8][V];
+    const int warp = threadIdx.x >> 5;
+    const bool holder = (lane & ((1 << SH) - 1)) == 0;
+    if (holder) part[warp][lane >> SH] = s;
+    __syncthreads();
+    if (warp & (ksplit - 1)) return false;
+    if (holder) {
+        for (int k = 1; k < ksplit; k++) s += part[warp + k][lane >> SH];
+    }
+    return true;
+}
+
+// Plain product, `block` counted from the matrix's first block: row group g owns rows
+// g*NR + r, r < NR (NR = M1_ROWS for m = 1, 4 for m = 4 and 8, else 2). Per mode: 0 y = W·x
+// (+ bias), 1 y = silu(y)·(W·x), 2 y = gelu(y)·(W·x). Groups past the last row read the last
+// row and store nothing: no warp may leave before the group's barrier. KS as in row_dots.
+template <int M, int NR, int KS>
 __device__ __forceinline__ void gemv_plain(const QMatrix& mat, const Acts& x, int m,
                                            float* __restrict__ y, int y_stride,
-                                           const float* __restrict__ bias, int mode) {
+                                           const float* __restrict__ bias, int mode, int block,
+                                           int ksplit, bool early) {
     const int lane = threadIdx.x & 31;
-    const int row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * NR;
-    if (row0 >= mat.rows) return;
+    const Split sp = split_of(block, KS == 1 ? 1 : ksplit);
+    const int row0 = sp.group * NR;
     QMatrix mats[NR];
     int rows[NR];
 #pragma unroll
@@ -677,7 +730,7 @@ __device__ __forceinline__ void gemv_plain(const QMatrix& mat, const Acts& x, in
         rows[r] = min(row0 + r, mat.rows - 1);
     }
     float acc[NR][M];
-    row_dots<M, NR>(mats, rows, x, m, lane, acc);
+    row_dots<M, NR, KS>(mats, rows, x, m, sp.first, sp.stride, early, acc);
     float v[NR * M];
 #pragma unroll
     for (int r = 0; r < NR; r++) {
@@ -685,7 +738,8 @@ __device__ __forceinline__ void gemv_plain(const QMatrix& mat, const Acts& x, in
         for (int t = 0; t < M; t++) v[r * M + t] = acc[r][t];
     }
     constexpr int SH = 5 - Log2<NR * M>::value;
-    const float s = reduce_values<NR * M>(v, lane);
+    float s = reduce_values<NR * M>(v, lane);
+    if (KS == 0 && !gather_group<NR * M>(s, lane, ksplit)) return;
     if ((lane & ((1 << SH) - 1)) == 0) {
         const int idx = lane >> SH;
         const int t = idx % M;
@@ -701,18 +755,19 @@ __device__ __forceinline__ void gemv_plain(const QMatrix& mat, const Acts& x, in
     }
 }
 
-// Gated product: warp w of block b owns output row b*warps + w, reading that row of the gate
-// and of the up matrix: y = act(gate·x)·(up·x), act 0 silu, 1 gelu (tanh).
-template <int M>
+// Gated product: row group g owns output row g, reading that row of the gate and of the up
+// matrix: y = act(gate·x)·(up·x), act 0 silu, 1 gelu (tanh). KS as in row_dots.
+template <int M, int KS>
 __device__ __forceinline__ void gemv_gated(const QMatrix& gate, const QMatrix& up, const Acts& x,
-                                           int m, float* __restrict__ y, int y_stride, int act) {
+                                           int m, float* __restrict__ y, int y_stride, int act,
+                                           int ksplit, bool early) {
     const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= gate.rows) return;
+    const Split sp = split_of(blockIdx.x, KS == 1 ? 1 : ksplit);
+    const int row = min(sp.group, gate.rows - 1);
     const QMatrix mats[2] = {gate, up};
     const int rows[2] = {row, row};
     float acc[2][M];
-    row_dots<M, 2>(mats, rows, x, m, lane, acc);
+    row_dots<M, 2, KS>(mats, rows, x, m, sp.first, sp.stride, early, acc);
     float v[2 * M];
 #pragma unroll
     for (int t = 0; t < M; t++) {
@@ -721,43 +776,70 @@ __device__ __forceinline__ void gemv_gated(const QMatrix& gate, const QMatrix& u
     }
     // Value t (gate) and M + t (up) end 16 lanes apart.
     constexpr int SH = 5 - Log2<2 * M>::value;
-    const float s = reduce_values<2 * M>(v, lane);
+    float s = reduce_values<2 * M>(v, lane);
+    if (KS == 0 && !gather_group<2 * M>(s, lane, ksplit)) return;
     const float u = __shfl_down_sync(FULL_MASK, s, 16);
-    if (lane < 16 && (lane & ((1 << SH) - 1)) == 0) {
+    if (lane < 16 && (lane & ((1 << SH) - 1)) == 0 && sp.group < gate.rows) {
         const int t = lane >> SH;
         if (t < m) y[(size_t)t * y_stride + row] = activate(act, s) * u;
     }
 }
 
-#define GEMV_ENTRIES(M, NR, MINB, MINBG)                                                             \
-    extern "C" __global__ void __launch_bounds__(256, MINB)                                     \
-        gemv_m##M(const u8* __restrict__ data, const u8* __restrict__ aux, int rows, int cols,  \
-                  const i8* __restrict__ aq, const float4* __restrict__ as,                     \
-                  const float* __restrict__ xf, int x_stride, int m, float* __restrict__ y,     \
-                  int y_stride, const float* __restrict__ bias, int mode) {                     \
-        pdl_begin();                                                                             \
-        const QMatrix mat = {data, aux, rows, cols};                                             \
-        const Acts x = {aq, as, xf, cols, x_stride};                                             \
-        gemv_plain<M, NR>(mat, x, m, y, y_stride, bias, mode);                                   \
+// The plain products of one launch: up to three matrices of the same type and width on one
+// input (q, k and v), each with its own output. Matrix j owns the blocks from first_block.
+struct GemvPart {
+    const u8* data;
+    const u8* aux;
+    float* y;
+    const float* bias;
+    int rows, y_stride, first_block, pad;
+};
+struct GemvParams {
+    GemvPart part[3];
+    const i8* aq;
+    const float4* as;
+    const float* xf;
+    int x_stride, cols, m, mode, ksplit, parts, early, pad;
+};
+
+// Entries per batch variant M; KS = 0 makes the split entries of m = 1 (names ending in
+// _split), whose row groups may have several warps; KS = 1 the others.
+#define GEMV_ENTRIES(M, NR, MINB, MINBG, KS, SUFFIX)                                             \
+    extern "C" __global__ void __launch_bounds__(256, MINB) gemv_m##M##SUFFIX(const GemvParams P) { \
+        const int b = blockIdx.x;                                                                \
+        const int j = (P.parts > 1 && b >= P.part[1].first_block) +                              \
+                      (P.parts > 2 && b >= P.part[2].first_block);                               \
+        const GemvPart& p = j == 0 ? P.part[0] : (j == 1 ? P.part[1] : P.part[2]);               \
+        const QMatrix mat = {p.data, p.aux, p.rows, P.cols};                                     \
+        const Acts x = {P.aq, P.as, P.xf, P.cols, P.x_stride};                                   \
+        gemv_plain<M, NR, KS>(mat, x, P.m, p.y, p.y_stride, p.bias, P.mode, b - p.first_block,  \
+                              P.ksplit, P.early);                                                \
     }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(256, MINBG) gemv_gated_m##M(                   \
+    extern "C" __global__ void __launch_bounds__(256, MINBG) gemv_gated_m##M##SUFFIX(           \
         const u8* __restrict__ data, const u8* __restrict__ aux, int rows, int cols,            \
         const u8* __restrict__ data2, const u8* __restrict__ aux2, const i8* __restrict__ aq,   \
         const float4* __restrict__ as, const float* __restrict__ xf, int x_stride, int m,       \
-        float* __restrict__ y, int y_stride, int act) {                                          \
-        pdl_begin();                                                                             \
+        float* __restrict__ y, int y_stride, int act, int ksplit, int early) {                   \
         const QMatrix gate = {data, aux, rows, cols};                                            \
         const QMatrix up = {data2, aux2, rows, cols};                                            \
         const Acts x = {aq, as, xf, cols, x_stride};                                             \
-        gemv_gated<M>(gate, up, x, m, y, y_stride, act);                                         \
+        gemv_gated<M, KS>(gate, up, x, m, y, y_stride, act, ksplit, early);                      \
     }
 
-// Blocks per SM the register allocation must allow (64, 128 or 255 registers a thread): m = 1
-// wants many warps in flight; larger batches need registers for their sums.
-GEMV_ENTRIES(1, M1_ROWS, M1_ROWS == 1 ? 4 : 2, 2)
-GEMV_ENTRIES(2, 2, 2, 2)
-GEMV_ENTRIES(4, 4, 1, 2)
-GEMV_ENTRIES(8, 4, 1, 1)
-GEMV_ENTRIES(16, 2, 1, 1)
+// Blocks per SM the register allocation must allow (64, 85, 128 or 255 registers a thread):
+// m = 1 wants many warps in flight; larger batches need registers for their sums. The 4-bit
+// block types fit 85 registers without spilling (six 4-warp blocks per SM instead of five);
+// the others would spill.
+#if QTYPE == GGML_Q4_0 || QTYPE == GGML_Q4_1 || QTYPE == GGML_IQ4_NL || QTYPE == GGML_IQ4_XS
+#define M1_MINB 3
+#else
+#define M1_MINB (M1_ROWS == 1 ? 4 : 2)
+#endif
+GEMV_ENTRIES(1, M1_ROWS, M1_MINB, M1_MINB == 4 ? 2 : M1_MINB, 1, )
+GEMV_ENTRIES(1, M1_ROWS, M1_MINB, M1_MINB == 4 ? 2 : M1_MINB, 0, _split)
+GEMV_ENTRIES(2, 2, 2, 2, 1, )
+GEMV_ENTRIES(4, 4, 1, 2, 1, )
+GEMV_ENTRIES(8, 4, 1, 1, 1, )
+GEMV_ENTRIES(16, 2, 1, 1, 1, )
 
 #endif

@@ -482,32 +482,29 @@ impl CudaBackend {
                         width,
                     )?;
                 }
-                for p in items {
-                    let w = self.matrix(p.w);
-                    let out_w = self.widths[p.dst as usize];
-                    let bias = p.bias.as_ref().map(|b| b.ptr());
-                    if small {
-                        crate::matmul::gemv(
-                            gpu,
-                            &self.mm,
-                            w,
-                            &self.acts.borrow(),
-                            m,
-                            self.buf(p.dst),
-                            out_w,
-                            bias,
-                        )?;
-                    } else {
-                        crate::gemm::gemm_prepared(
-                            gpu,
-                            &self.gemm,
-                            w,
-                            &self.gemm_x,
-                            self.buf(p.dst),
-                            out_w,
-                            bias,
-                        )?;
-                    }
+                let products: Vec<crate::matmul::Product> = items
+                    .iter()
+                    .map(|p| crate::matmul::Product {
+                        w: self.matrix(p.w),
+                        y: self.buf(p.dst),
+                        y_stride: self.widths[p.dst as usize],
+                        bias: p.bias.as_ref().map(|b| b.ptr()),
+                    })
+                    .collect();
+                if small {
+                    let acts = self.acts.borrow();
+                    return crate::matmul::gemv_many(gpu, &self.mm, &products, &acts, m);
+                }
+                for p in &products {
+                    crate::gemm::gemm_prepared(
+                        gpu,
+                        &self.gemm,
+                        p.w,
+                        &self.gemm_x,
+                        p.y,
+                        p.y_stride,
+                        p.bias,
+                    )?;
                 }
                 Ok(())
             }

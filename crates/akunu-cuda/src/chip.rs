@@ -24,8 +24,16 @@ pub struct ChipConfig {
     pub chain: usize,
     /// Tokens of the first chain of a generation, so the first words show at once.
     pub first_chain: usize,
-    /// Warps per block of the GEMV kernels.
+    /// Warps per block of the GEMV kernels (a power of two, at most 8).
     pub gemv_warps: usize,
+    /// Warps per SM a GEMV launch aims for: with fewer row groups than that, each row's
+    /// columns are split over up to `gemv_warps` warps (0: never split).
+    pub gemv_fill_warps: usize,
+    /// Products of one input (q, k and v) that share a GEMV launch, 1 to 3.
+    pub gemv_parts: usize,
+    /// GEMV warps request their first weights before waiting for the preceding kernel (under
+    /// dependent launch).
+    pub gemv_early_loads: bool,
     /// Largest batch served by the GEMV kernels; larger batches use the tiled GEMM.
     pub gemv_max_m: usize,
     /// Decode steps launch their kernels with programmatic dependent launch (Hopper and later),
@@ -105,7 +113,12 @@ impl ChipConfig {
             total_memory,
             chain: env_override("chain", 64),
             first_chain: env_override("first_chain", 4),
-            gemv_warps: env_override("gemv_warps", 4),
+            gemv_warps: env_override("gemv_warps", 4)
+                .clamp(1, 8)
+                .next_power_of_two(),
+            gemv_fill_warps: env_override("gemv_fill_warps", 8),
+            gemv_parts: env_override("gemv_parts", 3).clamp(1, crate::matmul::MAX_PARTS),
+            gemv_early_loads: env_override("gemv_early_loads", 1) != 0,
             gemv_max_m: env_override("gemv_max_m", crate::matmul::MAX_M)
                 .clamp(1, crate::matmul::MAX_M),
             dependent_launch: major >= 9 && env_override("dependent_launch", 1) != 0,

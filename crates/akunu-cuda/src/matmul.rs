@@ -12,8 +12,11 @@
 //!   gate and up) reuses it.
 //! - [`gemv`] multiplies with `__dp4a` (four int8 products per instruction) so that one weight
 //!   read serves all m tokens at the speed of memory; F32, F16 and BF16 weights use the f32
-//!   inputs. [`gemv_gated`] computes `act(gate·x) * (up·x)` in one launch. [`embed`] gathers
-//!   dequantized rows.
+//!   inputs. [`gemv_many`] runs up to three products of one input (q, k and v) in one launch,
+//!   so the small ones do not each pay a launch and a ramp. [`gemv_gated`] computes
+//!   `act(gate·x) * (up·x)` in one launch. [`embed`] gathers dequantized rows.
+//! - A launch gives each row group (one warp's rows) several warps, each taking a share of the
+//!   row's columns, when its matrices have too few rows to fill the GPU (see [`ksplit`]).
 //! - [`MatmulKernels`] resolves every kernel of the weight types in use once; launches only pass
 //!   pointers and sizes, so they can be captured in a CUDA graph.
 
@@ -21,6 +24,7 @@ use std::sync::Arc;
 
 use akunu_core::Activation;
 use akunu_quant::GgmlType;
+use bytemuck::{Pod, Zeroable};
 
 use crate::gpu::{Arg, DeviceBuffer, Gpu, Kernel};
 use crate::CudaError;
@@ -272,6 +276,9 @@ struct TypeKernels {
     gemv: Vec<Kernel>,
     /// `gemv_gated_m{1,2,4,8,16}`.
     gated: Vec<Kernel>,
+    /// `gemv_m1_split` and `gemv_gated_m1_split`: m = 1 with rows split over warps.
+    gemv_split: Kernel,
+    gated_split: Kernel,
     embed: Kernel,
 }
 
@@ -280,8 +287,14 @@ pub struct MatmulKernels {
     types: Vec<TypeKernels>,
     /// The activation quantizer; present when any type is quantized.
     quantize: Option<Kernel>,
-    /// Warps per block of the products.
+    /// Warps per block of the products (a power of two).
     warps: u32,
+    /// Warps a product's grid should have before it splits rows' columns over warps.
+    fill_warps: usize,
+    /// Products of one input that share a launch in [`gemv_many`].
+    parts: usize,
+    /// Whether the first weight loads go ahead of the wait for the preceding kernel.
+    early: bool,
 }
 
 impl MatmulKernels {
@@ -309,6 +322,8 @@ impl MatmulKernels {
                 ty,
                 gemv,
                 gated,
+                gemv_split: gpu.kernel("gemv.cu", "gemv_m1_split", &defines)?,
+                gated_split: gpu.kernel("gemv.cu", "gemv_gated_m1_split", &defines)?,
                 embed,
             });
         }
@@ -320,8 +335,20 @@ impl MatmulKernels {
         Ok(MatmulKernels {
             types: out,
             quantize,
-            warps: gpu.chip.gemv_warps.clamp(1, 8) as u32,
+            warps: gpu.chip.gemv_warps.clamp(1, 8).next_power_of_two() as u32,
+            fill_warps: gpu.chip.sm_count * gpu.chip.gemv_fill_warps,
+            parts: gpu.chip.gemv_parts.clamp(1, MAX_PARTS),
+            early: gpu.chip.gemv_early_loads,
         })
+    }
+
+    /// The same kernels launched in blocks of `warps` (rounded up to a power of two, at most 8)
+    /// that split rows' columns while a grid has fewer than `fill_warps` warps in all (0: never
+    /// split; `usize::MAX`: split as far as the block and the row length allow).
+    pub fn with_split(mut self, warps: usize, fill_warps: usize) -> MatmulKernels {
+        self.warps = warps.clamp(1, 8).next_power_of_two() as u32;
+        self.fill_warps = fill_warps;
+        self
     }
 
     fn of(&self, ty: GgmlType) -> Result<&TypeKernels, CudaError> {
@@ -348,6 +375,30 @@ fn rows_per_warp(ty: GgmlType, m: usize) -> usize {
         4 | 8 => 4,
         _ => 2,
     }
+}
+
+/// Values per chunk, the unit a lane loads (`CV` in `kernels/gemv.cu`).
+fn chunk_values(ty: GgmlType) -> usize {
+    use GgmlType as T;
+    match ty {
+        T::F32 => 4,
+        T::F16 | T::BF16 => 8,
+        T::Q2_K | T::Q3_K | T::Q4_K | T::Q5_K | T::Q6_K => 64,
+        _ => 32,
+    }
+}
+
+/// Warps per row group (`ksplit` in `kernels/gemv.cu`): for batch variant 1, the fewest,
+/// doubling up to the block's warps, that give a grid of `groups` row groups `fill` warps,
+/// while each lane keeps at least one chunk of a `cols`-wide row; 1 for the other variants,
+/// whose kernels keep the 32-chunk stride a compile-time constant.
+fn ksplit(ty: GgmlType, m: usize, groups: usize, cols: usize, warps: usize, fill: usize) -> usize {
+    let chunks = cols / chunk_values(ty);
+    let mut ks = 1;
+    while m == 1 && 2 * ks <= warps && groups * ks < fill && chunks >= 64 * ks {
+        ks *= 2;
+    }
+    ks
 }
 
 /// One input of the products, prepared once: int8 levels per 32 values with their scales and
@@ -441,8 +492,8 @@ impl ActScratch {
                     Arg::Ptr(self.s.ptr()),
                 ],
             )?;
-            self.quantized = true;
         }
+        self.quantized = k.quantize.is_some();
         self.x = x;
         self.x_stride = x_stride;
         self.m = m;
@@ -461,7 +512,7 @@ impl ActScratch {
     }
 
     /// The activation arguments of the product kernels: `aq, as, xf, x_stride`.
-    fn args(&self, w: &DeviceMatrix, m: usize) -> Result<[Arg; 4], CudaError> {
+    fn args(&self, w: &DeviceMatrix, m: usize) -> Result<ActArgs, CudaError> {
         if self.m == 0 {
             return Err(CudaError::Bounds(
                 "the activations were not prepared".into(),
@@ -485,13 +536,21 @@ impl ActScratch {
                 w.ty
             )));
         }
-        Ok([
-            Arg::Ptr(self.q.ptr()),
-            Arg::Ptr(self.s.ptr()),
-            Arg::Ptr(self.x),
-            Arg::I32(self.x_stride as i32),
-        ])
+        Ok(ActArgs {
+            q: self.q.ptr(),
+            s: self.s.ptr(),
+            x: self.x,
+            x_stride: self.x_stride as i32,
+        })
     }
+}
+
+/// The prepared input as the product kernels take it.
+struct ActArgs {
+    q: u64,
+    s: u64,
+    x: u64,
+    x_stride: i32,
 }
 
 fn check_output(
@@ -509,45 +568,120 @@ fn check_output(
     Ok(())
 }
 
-/// Launches the plain product kernel: mode 0 stores (plus bias), 1 and 2 multiply into
-/// silu(y) and gelu(y).
-#[allow(clippy::too_many_arguments)]
+/// One output of [`gemv_many`]: `y[t*y_stride + r] = Σ_c W[r][c]·x[t][c] (+ bias[r])`, with
+/// `bias` a device array of `w.rows()` f32.
+#[derive(Clone, Copy)]
+pub struct Product<'a> {
+    pub w: &'a DeviceMatrix,
+    pub y: u64,
+    pub y_stride: usize,
+    pub bias: Option<u64>,
+}
+
+/// Most products one [`gemv_many`] launch takes (`GemvParams` in `kernels/gemv.cu`).
+pub const MAX_PARTS: usize = 3;
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct GemvPart {
+    data: u64,
+    aux: u64,
+    y: u64,
+    bias: u64,
+    rows: i32,
+    y_stride: i32,
+    first_block: i32,
+    pad: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct GemvParams {
+    part: [GemvPart; MAX_PARTS],
+    aq: u64,
+    as_: u64,
+    xf: u64,
+    x_stride: i32,
+    cols: i32,
+    m: i32,
+    mode: i32,
+    ksplit: i32,
+    parts: i32,
+    early: i32,
+    pad: i32,
+}
+
+/// Launches the plain product kernel over `parts`: mode 0 stores (plus bias), 1 and 2
+/// multiply into silu(y) and gelu(y).
 fn launch_gemv(
     gpu: &Gpu,
     k: &MatmulKernels,
-    w: &DeviceMatrix,
+    parts: &[Product],
     acts: &ActScratch,
     m: usize,
-    y: u64,
-    y_stride: usize,
-    bias: u64,
     mode: i32,
 ) -> Result<(), CudaError> {
-    let tk = k.of(w.ty)?;
-    let a = acts.args(w, m)?;
+    let Some(first) = parts.first() else {
+        return Ok(());
+    };
+    if parts.len() > MAX_PARTS {
+        return Err(CudaError::Unsupported(format!(
+            "{} products in one launch: at most {MAX_PARTS}",
+            parts.len()
+        )));
+    }
+    let ty = first.w.ty;
+    let tk = k.of(ty)?;
     let v = variant(m);
-    let rows_per_block = k.warps as usize * rows_per_warp(w.ty, M_VARIANTS[v]);
-    let [data, aux, rows, cols] = w.args();
-    gpu.launch(
-        &tk.gemv[v],
-        (w.rows.div_ceil(rows_per_block) as u32, 1, 1),
+    let nr = rows_per_warp(ty, M_VARIANTS[v]);
+    let warps = k.warps as usize;
+    let mut params = GemvParams::zeroed();
+    let mut groups = 0;
+    for (i, p) in parts.iter().enumerate() {
+        if p.w.ty != ty {
+            return Err(CudaError::Unsupported(format!(
+                "{} and {ty} products in one launch",
+                p.w.ty
+            )));
+        }
+        check_output("gemv output", p.y, p.y_stride, p.w.rows, m)?;
+        if p.bias == Some(0) {
+            return Err(CudaError::Bounds("a null bias pointer".into()));
+        }
+        let a = acts.args(p.w, m)?;
+        (params.aq, params.as_, params.xf, params.x_stride) = (a.q, a.s, a.x, a.x_stride);
+        params.part[i] = GemvPart {
+            data: p.w.data_ptr(),
+            aux: p.w.aux_ptr(),
+            y: p.y,
+            bias: p.bias.unwrap_or(0),
+            rows: p.w.rows as i32,
+            y_stride: p.y_stride as i32,
+            first_block: 0,
+            pad: 0,
+        };
+        groups += p.w.rows.div_ceil(nr);
+    }
+    let ks = ksplit(ty, M_VARIANTS[v], groups, first.w.cols, warps, k.fill_warps);
+    let rows_per_block = warps / ks * nr;
+    let mut blocks = 0;
+    for (part, p) in params.part.iter_mut().zip(parts) {
+        part.first_block = blocks as i32;
+        blocks += p.w.rows.div_ceil(rows_per_block);
+    }
+    params.cols = first.w.cols as i32;
+    params.m = m as i32;
+    params.mode = mode;
+    params.ksplit = ks as i32;
+    params.parts = parts.len() as i32;
+    params.early = k.early as i32;
+    let kernel = if ks > 1 { &tk.gemv_split } else { &tk.gemv[v] };
+    gpu.launch_with(
+        kernel,
+        (blocks as u32, 1, 1),
         (32 * k.warps, 1, 1),
         0,
-        &[
-            data,
-            aux,
-            rows,
-            cols,
-            a[0],
-            a[1],
-            a[2],
-            a[3],
-            Arg::I32(m as i32),
-            Arg::Ptr(y),
-            Arg::I32(y_stride as i32),
-            Arg::Ptr(bias),
-            Arg::I32(mode),
-        ],
+        &params,
     )
 }
 
@@ -564,11 +698,35 @@ pub fn gemv(
     y_stride: usize,
     bias: Option<u64>,
 ) -> Result<(), CudaError> {
-    check_output("gemv output", y, y_stride, w.rows, m)?;
-    if bias == Some(0) {
-        return Err(CudaError::Bounds("a null bias pointer".into()));
+    let part = Product {
+        w,
+        y,
+        y_stride,
+        bias,
+    };
+    launch_gemv(gpu, k, &[part], acts, m, 0)
+}
+
+/// The products of matrices with the first `m` prepared input rows of `acts`: each run of one
+/// weight type, up to [`MAX_PARTS`] (fewer if the chip config says so), in one launch.
+pub fn gemv_many(
+    gpu: &Gpu,
+    k: &MatmulKernels,
+    parts: &[Product],
+    acts: &ActScratch,
+    m: usize,
+) -> Result<(), CudaError> {
+    let mut rest = parts;
+    while let Some(first) = rest.first() {
+        let n = rest
+            .iter()
+            .take(k.parts)
+            .take_while(|p| p.w.ty == first.w.ty)
+            .count();
+        launch_gemv(gpu, k, &rest[..n], acts, m, 0)?;
+        rest = &rest[n..];
     }
-    launch_gemv(gpu, k, w, acts, m, y, y_stride, bias.unwrap_or(0), 0)
+    Ok(())
 }
 
 /// `out[t*out_stride + r] = act(gate_r·x[t]) * (up_r·x[t])` for the first `m` prepared input
@@ -598,17 +756,36 @@ pub fn gemv_gated(
         Activation::GeluTanh => 1,
     };
     if w_gate.ty != w_up.ty {
-        launch_gemv(gpu, k, w_gate, acts, m, out, out_stride, 0, 0)?;
-        return launch_gemv(gpu, k, w_up, acts, m, out, out_stride, 0, 1 + act_code);
+        let part = |w| Product {
+            w,
+            y: out,
+            y_stride: out_stride,
+            bias: None,
+        };
+        launch_gemv(gpu, k, &[part(w_gate)], acts, m, 0)?;
+        return launch_gemv(gpu, k, &[part(w_up)], acts, m, 1 + act_code);
     }
     let tk = k.of(w_gate.ty)?;
     let a = acts.args(w_gate, m)?;
     let v = variant(m);
     let [data, aux, rows, cols] = w_gate.args();
     let [data2, aux2, _, _] = w_up.args();
+    let warps = k.warps as usize;
+    let ks = ksplit(
+        w_gate.ty,
+        M_VARIANTS[v],
+        w_gate.rows,
+        w_gate.cols,
+        warps,
+        k.fill_warps,
+    );
     gpu.launch(
-        &tk.gated[v],
-        (w_gate.rows.div_ceil(k.warps as usize) as u32, 1, 1),
+        if ks > 1 {
+            &tk.gated_split
+        } else {
+            &tk.gated[v]
+        },
+        (w_gate.rows.div_ceil(warps / ks) as u32, 1, 1),
         (32 * k.warps, 1, 1),
         0,
         &[
@@ -618,14 +795,16 @@ pub fn gemv_gated(
             cols,
             data2,
             aux2,
-            a[0],
-            a[1],
-            a[2],
-            a[3],
+            Arg::Ptr(a.q),
+            Arg::Ptr(a.s),
+            Arg::Ptr(a.x),
+            Arg::I32(a.x_stride),
             Arg::I32(m as i32),
             Arg::Ptr(out),
             Arg::I32(out_stride as i32),
             Arg::I32(act_code),
+            Arg::I32(ks as i32),
+            Arg::I32(k.early as i32),
         ],
     )
 }

@@ -283,14 +283,95 @@ fn run_gemv_case(
 #[test]
 fn gemv_matches_reference_for_every_type_and_shape() {
     let Some(gpu) = gpu() else { return };
-    let k = kernels(&gpu);
-    for &ty in TYPES {
-        for (i, &shape) in shapes(ty).iter().enumerate() {
-            let seed = 1000 * (ty as u64) + i as u64;
-            let w = quantized(ty, shape.0, shape.1, seed);
-            run_gemv_case(&gpu, &k, ty, &w, shape, seed, "quantized");
+    for (k, split) in split_configs(&gpu) {
+        for &ty in TYPES {
+            for (i, &shape) in shapes(ty).iter().enumerate() {
+                let seed = 1000 * (ty as u64) + i as u64;
+                let w = quantized(ty, shape.0, shape.1, seed);
+                run_gemv_case(
+                    &gpu,
+                    &k,
+                    ty,
+                    &w,
+                    shape,
+                    seed,
+                    &format!("quantized, {split}"),
+                );
+            }
         }
     }
+}
+
+#[test]
+fn products_of_one_launch_match_reference() {
+    let Some(gpu) = gpu() else { return };
+    let types = [
+        GgmlType::Q4_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::F16,
+    ];
+    // q, k and v shaped: one tall and two short matrices, the middle one with a bias.
+    let (cols, part_rows) = (1024, [130, 9, 37]);
+    for (c, (k, split)) in split_configs(&gpu).iter().enumerate() {
+        for (i, &ty) in types.iter().enumerate() {
+            for m in [1, 5] {
+                let seed = 9000 + 100 * c as u64 + 10 * i as u64 + m as u64;
+                let (x, xb) = inputs(&gpu, m, cols, seed);
+                let mut acts = ActScratch::new(&gpu, m, cols).unwrap();
+                acts.prepare(&gpu, k, xb.ptr(), cols, m, cols).unwrap();
+                let mut cases = Vec::new();
+                for (j, &rows) in part_rows.iter().enumerate() {
+                    let (bytes, w) = quantized(ty, rows, cols, seed + 1 + j as u64);
+                    let dm = DeviceMatrix::upload(&gpu, ty, &bytes, rows, cols).unwrap();
+                    let mut want = reference(&w, rows, cols, &as_seen(ty, &x, cols, cols), cols, m);
+                    let mut exact = reference(&w, rows, cols, &x, cols, m);
+                    let bias = (j == 1).then(|| random(rows, 0.5, seed + 20));
+                    for (row, b) in want
+                        .iter_mut()
+                        .chain(&mut exact)
+                        .flat_map(|r| r.iter_mut().zip(bias.iter().flatten()))
+                    {
+                        *row += *b as f64;
+                    }
+                    let bias = bias.map(|b| gpu.upload(&b).unwrap());
+                    let y_stride = rows + 3 * j;
+                    let y = poisoned(&gpu, m, y_stride);
+                    cases.push((dm, y, y_stride, bias, want, exact));
+                }
+                let parts: Vec<matmul::Product> = cases
+                    .iter()
+                    .map(|(w, y, y_stride, bias, _, _)| matmul::Product {
+                        w,
+                        y: y.ptr(),
+                        y_stride: *y_stride,
+                        bias: bias.as_ref().map(|b| b.ptr()),
+                    })
+                    .collect();
+                matmul::gemv_many(&gpu, k, &parts, &acts, m).unwrap();
+                gpu.sync().unwrap();
+                for (j, (w, y, y_stride, _, want, exact)) in cases.iter().enumerate() {
+                    let what = format!("{ty} part {j} of 3 ({}x{cols}) m={m}, {split}", w.rows());
+                    let tol = (tolerance(ty), EXACT_TOL);
+                    check_output(&gpu, y, m, w.rows(), *y_stride, want, exact, tol, &what);
+                }
+            }
+        }
+    }
+}
+
+/// The kernels as the chip config launches them, with rows' columns never split, and split
+/// over as many of 8 warps as the row length allows.
+fn split_configs(gpu: &Arc<Gpu>) -> Vec<(MatmulKernels, &'static str)> {
+    vec![
+        (kernels(gpu), "default blocks"),
+        (kernels(gpu).with_split(4, 0), "unsplit rows"),
+        (
+            kernels(gpu).with_split(8, usize::MAX),
+            "rows split over up to 8 warps",
+        ),
+    ]
 }
 
 #[test]
@@ -322,7 +403,12 @@ fn act_ref(act: Activation, g: f64) -> f64 {
 #[test]
 fn gated_product_matches_reference() {
     let Some(gpu) = gpu() else { return };
-    let k = kernels(&gpu);
+    for (k, _) in split_configs(&gpu) {
+        gated_cases(&gpu, &k);
+    }
+}
+
+fn gated_cases(gpu: &Arc<Gpu>, k: &MatmulKernels) {
     // Same-type pairs take the fused kernel; a mixed pair takes two launches.
     let mut pairs: Vec<(GgmlType, GgmlType)> = TYPES.iter().map(|&t| (t, t)).collect();
     pairs.push((GgmlType::Q4_K, GgmlType::Q6_K));
@@ -340,13 +426,13 @@ fn gated_product_matches_reference() {
             let seed = 5000 + 100 * i as u64 + j as u64;
             let (gb, gw) = quantized(tg, rows, cols, seed);
             let (ub, uw) = quantized(tu, rows, cols, seed + 50);
-            let gate = DeviceMatrix::upload(&gpu, tg, &gb, rows, cols).unwrap();
-            let up = DeviceMatrix::upload(&gpu, tu, &ub, rows, cols).unwrap();
+            let gate = DeviceMatrix::upload(gpu, tg, &gb, rows, cols).unwrap();
+            let up = DeviceMatrix::upload(gpu, tu, &ub, rows, cols).unwrap();
             let x_stride = cols + 4 * (j % 2);
             let out_stride = rows + 3 * (j % 2);
-            let (x, xb) = inputs(&gpu, m, x_stride, seed + 1);
-            let mut acts = ActScratch::new(&gpu, m, cols).unwrap();
-            acts.prepare(&gpu, &k, xb.ptr(), x_stride, m, cols).unwrap();
+            let (x, xb) = inputs(gpu, m, x_stride, seed + 1);
+            let mut acts = ActScratch::new(gpu, m, cols).unwrap();
+            acts.prepare(gpu, k, xb.ptr(), x_stride, m, cols).unwrap();
             let gated = |g: &[Vec<f64>], u: &[Vec<f64>]| -> Vec<Vec<f64>> {
                 g.iter()
                     .zip(u)
@@ -378,14 +464,14 @@ fn gated_product_matches_reference() {
             let u_exact = reference(&uw, rows, cols, &x, x_stride, m);
             let want = gated(&g, &u);
             let exact = gated(&g_exact, &u_exact);
-            let out = poisoned(&gpu, m, out_stride);
-            matmul::gemv_gated(&gpu, &k, &gate, &up, &acts, m, out.ptr(), out_stride, act).unwrap();
+            let out = poisoned(gpu, m, out_stride);
+            matmul::gemv_gated(gpu, k, &gate, &up, &acts, m, out.ptr(), out_stride, act).unwrap();
             // The same prepared input serves plain products afterwards (as q, k and v share
             // one): the gate and up products alone.
-            let yg = poisoned(&gpu, m, rows);
-            let yu = poisoned(&gpu, m, rows);
-            matmul::gemv(&gpu, &k, &gate, &acts, m, yg.ptr(), rows, None).unwrap();
-            matmul::gemv(&gpu, &k, &up, &acts, m, yu.ptr(), rows, None).unwrap();
+            let yg = poisoned(gpu, m, rows);
+            let yu = poisoned(gpu, m, rows);
+            matmul::gemv(gpu, k, &gate, &acts, m, yg.ptr(), rows, None).unwrap();
+            matmul::gemv(gpu, k, &up, &acts, m, yu.ptr(), rows, None).unwrap();
             gpu.sync().unwrap();
             let what = format!("gated {tg}/{tu} {rows}x{cols} m={m} {act:?}");
             for (y, ty, sim, ex, name) in [
@@ -394,7 +480,7 @@ fn gated_product_matches_reference() {
             ] {
                 let what = format!("{what}, {name} alone");
                 check_output(
-                    &gpu,
+                    gpu,
                     y,
                     m,
                     rows,
@@ -655,8 +741,9 @@ fn every_module_variant_compiles() {
 }
 
 /// Decode-sized products timed in a CUDA graph, weights rotated through enough copies to
-/// defeat the L2 cache. `cargo test --release -p akunu-cuda --test matmul -- --ignored
-/// --nocapture gemv_bandwidth`
+/// defeat the L2 cache; each line times the launch shapes the chip config picks against rows
+/// never split over warps and against blocks of 8 warps, in the same run. `cargo test
+/// --release -p akunu-cuda --test matmul -- --ignored --nocapture gemv_bandwidth`
 #[test]
 #[ignore]
 fn gemv_bandwidth() {
@@ -664,14 +751,35 @@ fn gemv_bandwidth() {
     let Some(gpu) = gpu() else { return };
     let types = [
         GgmlType::Q4_0,
-        GgmlType::Q8_0,
         GgmlType::Q4_K,
         GgmlType::Q6_K,
-        GgmlType::Q5_0,
-        GgmlType::F16,
+        GgmlType::Q8_0,
     ];
     let k = MatmulKernels::new(&gpu, &types).unwrap();
-    let shapes = [(4096, 4096), (14336, 4096), (4096, 14336), (151936, 1024)];
+    let fill = gpu.chip.sm_count * gpu.chip.gemv_fill_warps;
+    let configs = [
+        ("chip", MatmulKernels::new(&gpu, &types).unwrap()),
+        (
+            "unsplit",
+            MatmulKernels::new(&gpu, &types).unwrap().with_split(4, 0),
+        ),
+        (
+            "8 warps",
+            MatmulKernels::new(&gpu, &types)
+                .unwrap()
+                .with_split(8, fill),
+        ),
+    ];
+    // 8B q/o, k/v, down and a gate-sized matrix; the 0.6B q and down; a 150K-row vocabulary.
+    let shapes = [
+        (4096, 4096),
+        (1024, 4096),
+        (4096, 14336),
+        (14336, 4096),
+        (2048, 1024),
+        (1024, 3072),
+        (151936, 1024),
+    ];
     for &ty in &types {
         for &(rows, cols) in &shapes {
             let bytes = random_bytes_fast(ty, rows, cols);
@@ -684,36 +792,38 @@ fn gemv_bandwidth() {
             let x = gpu.upload(&random(16 * cols, 1.0, 3)).unwrap();
             let y = gpu.alloc(16 * rows * 4).unwrap();
             let mut acts = ActScratch::new(&gpu, 16, cols).unwrap();
-            let mut line = format!("{ty:>6} {rows:>6}x{cols:<6}");
-            for m in [1, 2, 4, 8, 16] {
+            for m in [1, 4, 16] {
+                let mut line = format!("{ty:>6} {rows:>6}x{cols:<6} m={m:<2}");
                 acts.prepare(&gpu, &k, x.ptr(), cols, m, cols).unwrap();
-                gpu.sync().unwrap();
-                let reps = 4 * copies.max(8);
-                let stream = gpu.stream();
-                stream
-                    .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
-                    .unwrap();
-                for i in 0..reps {
-                    matmul::gemv(&gpu, &k, &mats[i % copies], &acts, m, y.ptr(), rows, None)
+                for (name, kc) in &configs {
+                    gpu.sync().unwrap();
+                    let reps = 4 * copies.max(8);
+                    let stream = gpu.stream();
+                    stream
+                        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
                         .unwrap();
-                }
-                let graph = stream
-                    .end_capture(sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
-                    .unwrap()
-                    .unwrap();
-                graph.launch().unwrap();
-                gpu.sync().unwrap();
-                let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-                let start = stream.record_event(flags).unwrap();
-                for _ in 0..3 {
+                    for i in 0..reps {
+                        matmul::gemv(&gpu, kc, &mats[i % copies], &acts, m, y.ptr(), rows, None)
+                            .unwrap();
+                    }
+                    let graph = stream
+                        .end_capture(sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
+                        .unwrap()
+                        .unwrap();
                     graph.launch().unwrap();
+                    gpu.sync().unwrap();
+                    let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+                    let start = stream.record_event(flags).unwrap();
+                    for _ in 0..3 {
+                        graph.launch().unwrap();
+                    }
+                    let end = stream.record_event(flags).unwrap();
+                    let ms = start.elapsed_ms(&end).unwrap() as f64 / (3 * reps) as f64;
+                    let gbs = mats[0].device_bytes() as f64 / (ms * 1e-3) / 1e9;
+                    line += &format!("  {name}: {:>6.1} us {gbs:>5.0} GB/s", ms * 1e3);
                 }
-                let end = stream.record_event(flags).unwrap();
-                let ms = start.elapsed_ms(&end).unwrap() as f64 / (3 * reps) as f64;
-                let gbs = mats[0].device_bytes() as f64 / (ms * 1e-3) / 1e9;
-                line += &format!("  m={m}: {:>6.1} us {gbs:>5.0} GB/s", ms * 1e3);
+                println!("{line}");
             }
-            println!("{line}");
         }
     }
 }
