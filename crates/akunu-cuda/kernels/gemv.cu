@@ -20,7 +20,7 @@
 // host splits a row's columns over several warps when there are too few rows to fill the GPU
 // (a 1024-row projection has 512 row pairs: four warps per SM), so every SM keeps enough
 // weight bytes in flight.
-#include "common.cuh"
+#include "actq.cuh"
 
 #ifndef QTYPE
 
@@ -36,19 +36,7 @@ extern "C" __global__ void __launch_bounds__(256)
     const int lane = threadIdx.x & 31;
     if (t >= m || g >= cols / 32) return;
     const float v = x[(size_t)t * x_stride + (size_t)g * 32 + lane];
-    const float amax = warp_max(fabsf(v));
-    const float d = amax / 127.0f;
-    int level = 0;
-    if (amax > 0.0f) level = max(-127, min(127, __float2int_rn(v * (127.0f / amax))));
-    q[(size_t)t * cols + (size_t)g * 32 + lane] = (i8)level;
-    int half = level;
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) half += __shfl_xor_sync(0xffffffffu, half, o);
-    const int other = __shfl_xor_sync(0xffffffffu, half, 16);
-    if (lane == 0) {
-        s[(size_t)t * (cols / 32) + g] =
-            make_float4(d, d * (float)(half + other), d * (float)half, d * (float)other);
-    }
+    quantize_group32(v, lane, q + (size_t)t * cols + (size_t)g * 32, s + (size_t)t * (cols / 32) + g);
 }
 
 #else

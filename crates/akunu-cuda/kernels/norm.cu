@@ -3,7 +3,9 @@
 // Rows are read with 16-byte loads when the width is a multiple of 4 and every pointer is
 // 16-byte aligned, else element by element. In-place use (src == dst) is safe: every element is
 // read and written by the same thread, after the reduction that needs the old values.
-#include "common.cuh"
+// The fused residual add + RMSNorm can also write its output in the GEMVs' int8 format
+// (actq.cuh), which saves decode the quantize_act launch before the products it feeds.
+#include "actq.cuh"
 
 __device__ __forceinline__ bool aligned16(const void* a, const void* b, const void* c) {
     return ((reinterpret_cast<u64>(a) | reinterpret_cast<u64>(b) | reinterpret_cast<u64>(c)) &
@@ -109,7 +111,7 @@ extern "C" __global__ void rms_norm_block(const float* src, float* dst, const fl
 // alignment and width <= 4 * ADD_NORM_VECS * blockDim.x.
 __device__ __forceinline__ void add_rms_row_regs(float* res, const float* add, const float* post_w,
                                                  const float* next_w, float* normed, u32 width,
-                                                 float eps, float* red) {
+                                                 float eps, float* red, i8* q, float4* qs) {
     const u32 n4 = width / 4, i0 = threadIdx.x, step = blockDim.x;
     float4 a[ADD_NORM_VECS], r[ADD_NORM_VECS], g[ADD_NORM_VECS];
     const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -144,12 +146,33 @@ __device__ __forceinline__ void add_rms_row_regs(float* res, const float* add, c
 #pragma unroll
     for (int k = 0; k < ADD_NORM_VECS; ++k) {
         const u32 i = i0 + k * step;
+        const float4 y = make_float4(r[k].x * scale * g[k].x, r[k].y * scale * g[k].y,
+                                     r[k].z * scale * g[k].z, r[k].w * scale * g[k].w);
         if (i < n4) {
             reinterpret_cast<float4*>(res)[i] = r[k];
-            reinterpret_cast<float4*>(normed)[i] =
-                make_float4(r[k].x * scale * g[k].x, r[k].y * scale * g[k].y, r[k].z * scale * g[k].z,
-                            r[k].w * scale * g[k].w);
+            reinterpret_cast<float4*>(normed)[i] = y;
         }
+        // A group of 32 is 8 consecutive float4s: 8 lanes of one warp (step is whole warps,
+        // and the launcher asks for quantization only when width is a multiple of 32).
+        if (q) {
+            u32 levels;
+            float4 sums;
+            quantize_group8x4(y, threadIdx.x & 31, &levels, &sums);
+            if (i < n4) {
+                reinterpret_cast<u32*>(q)[i] = levels;
+                if ((i & 7) == 0) qs[i / 8] = sums;
+            }
+        }
+    }
+}
+
+// The general path's quantization: normed is re-read after the block's writes, one group of 32
+// per warp at a time.
+__device__ __forceinline__ void quantize_row(const float* normed, u32 width, i8* q, float4* qs) {
+    __syncthreads();
+    const u32 lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (u32 g = threadIdx.x >> 5; g < width / 32; g += warps) {
+        quantize_group32(normed[g * 32 + lane], lane, q + g * 32, qs + g);
     }
 }
 
@@ -173,12 +196,14 @@ __device__ __forceinline__ void add_rms_row(float* res, const float* add, const 
 }
 
 // Per row: optionally add = rms_norm(add) * post_w (not written back), then residual += add,
-// then normed = rms_norm(residual) * next_w. post_w == 0 skips the first norm.
+// then normed = rms_norm(residual) * next_w; with q (width a multiple of 32), normed also in
+// the GEMVs' int8 format: levels at q + row·width, sums at qs + row·width/32. post_w == 0
+// skips the first norm.
 // Work split: one block per row (grid.x = rows), a float4 of the row per thread (the launcher
 // picks the block size).
 extern "C" __global__ void __launch_bounds__(1024)
     add_rms_norm(float* residual, const float* add, const float* post_w, const float* next_w, float* normed,
-                 u32 rows, u32 width, float eps) {
+                 u32 rows, u32 width, float eps, i8* q, float4* qs) {
     pdl_begin();
     __shared__ float red[32];
     const u32 r = blockIdx.x;
@@ -188,9 +213,12 @@ extern "C" __global__ void __launch_bounds__(1024)
     float* out = normed + (u64)r * width;
     const bool vec = (width & 3) == 0 && aligned16(residual, add, normed) &&
                      aligned16(next_w, post_w, residual) && width <= 4 * ADD_NORM_VECS * blockDim.x;
+    i8* row_q = q ? q + (u64)r * width : nullptr;
+    float4* row_qs = q ? qs + (u64)r * (width / 32) : nullptr;
     if (vec) {
-        add_rms_row_regs(res, a, post_w, next_w, out, width, eps, red);
+        add_rms_row_regs(res, a, post_w, next_w, out, width, eps, red, row_q, row_qs);
     } else {
         add_rms_row(res, a, post_w, next_w, out, width, eps, red);
+        if (q) quantize_row(out, width, row_q, row_qs);
     }
 }

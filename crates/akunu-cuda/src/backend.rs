@@ -671,17 +671,28 @@ impl CudaBackend {
                 eps,
                 select,
             } => {
+                // In decode the products that read the norm take its int8 form from here.
+                let normed = self.buf(Buf::Normed);
+                let fuse = small && !*select && self.mm.quantizes() && c.n_embd.is_multiple_of(32);
+                let mut acts = self.acts.borrow_mut();
+                let quantized = fuse
+                    .then(|| acts.quantized_outputs(m, c.n_embd))
+                    .transpose()?;
                 self.layers.add_rms_norm(
                     gpu,
                     self.buf(Buf::Residual),
                     self.buf(Buf::Out),
                     post.as_ref().map(|b| b.ptr()),
                     next.ptr(),
-                    self.buf(Buf::Normed),
+                    normed,
                     m,
                     c.n_embd,
                     *eps,
+                    quantized,
                 )?;
+                if fuse {
+                    acts.adopt(normed, c.n_embd, m, c.n_embd);
+                }
                 if *select {
                     self.layers.gather_rows(
                         gpu,

@@ -20,6 +20,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("quant.cuh", include_str!("../kernels/quant.cuh")),
     ("mma.cuh", include_str!("../kernels/mma.cuh")),
+    ("actq.cuh", include_str!("../kernels/actq.cuh")),
     ("embed.cu", include_str!("../kernels/embed.cu")),
     ("gemv.cu", include_str!("../kernels/gemv.cu")),
     ("gemm.cu", include_str!("../kernels/gemm.cu")),

@@ -8,7 +8,8 @@
 //! backend's op computes (`akunu_cpu::ops`), in f32:
 //!
 //! - `RmsNorm` → [`LayerKernels::rms_norm`] (a warp per small group, a block per large one);
-//! - `[RmsNorm(Out)?, AddResidual, RmsNorm(Residual → Normed)]` → [`LayerKernels::add_rms_norm`];
+//! - `[RmsNorm(Out)?, AddResidual, RmsNorm(Residual → Normed)]` → [`LayerKernels::add_rms_norm`],
+//!   which in decode also writes Normed in the GEMVs' int8 form;
 //! - `[RmsNorm(Q), RmsNorm(K)]?, Rope(Q), Rope(K), StoreKv` → [`LayerKernels::qk_rope_store`],
 //!   which also rounds Q to f16 precision as attention reads it;
 //! - `Attention` → [`LayerKernels::attention`]: one block per (token, KV head, ≤ 8 query heads),
@@ -282,7 +283,9 @@ impl LayerKernels {
 
     /// Per row of `width` floats: `add' = rms_norm(add) * post_weight` (or `add` without a
     /// post norm; `add` itself is not written), `residual += add'`, then
-    /// `normed = rms_norm(residual) * next_weight`.
+    /// `normed = rms_norm(residual) * next_weight`; with `quantized` (levels, sums), `normed`
+    /// is also written in the GEMVs' int8 format there (`kernels/actq.cuh`, rows `width`
+    /// levels and `width / 32` sums apart; `width` a multiple of 32).
     #[allow(clippy::too_many_arguments)]
     pub fn add_rms_norm(
         &self,
@@ -295,6 +298,7 @@ impl LayerKernels {
         m: usize,
         width: usize,
         eps: f32,
+        quantized: Option<(u64, u64)>,
     ) -> Result<(), CudaError> {
         check_ptr("residual", residual, 4)?;
         check_ptr("add", add, 4)?;
@@ -307,6 +311,16 @@ impl LayerKernels {
         if width == 0 {
             return Err(CudaError::Bounds("add_rms_norm width of 0".into()));
         }
+        if let Some((q, qs)) = quantized {
+            check_ptr("quantized levels", q, 4)?;
+            check_ptr("quantized sums", qs, 16)?;
+            if !width.is_multiple_of(32) {
+                return Err(CudaError::Bounds(format!(
+                    "quantized add_rms_norm of width {width}: needs a multiple of 32"
+                )));
+            }
+        }
+        let (q, qs) = quantized.unwrap_or((0, 0));
         let (rows, w) = (to_u32("m", m)?, to_u32("width", width)?);
         gpu.launch(
             &self.add_rms_norm,
@@ -322,6 +336,8 @@ impl LayerKernels {
                 Arg::U32(rows),
                 Arg::U32(w),
                 Arg::F32(eps),
+                Arg::Ptr(q),
+                Arg::Ptr(qs),
             ],
         )
     }

@@ -8,8 +8,10 @@
 //!   [`DeviceMatrix::args`] are what every kernel over a matrix takes first, so the tiled GEMM
 //!   reads the same layout through `dequant32`.
 //! - [`ActScratch::prepare`] quantizes an input once to int8 per 32 values with per-group
-//!   scales and level sums (the `q8_1` idea), and every product of that input (q, k and v;
-//!   gate and up) reuses it.
+//!   scales and level sums (the `q8_1` idea, `kernels/actq.cuh`), and every product of that
+//!   input (q, k and v; gate and up) reuses it. In decode the fused residual add + RMSNorm
+//!   writes that form itself ([`ActScratch::adopt`]), so the products after it launch no
+//!   quantizer.
 //! - [`gemv`] multiplies with `__dp4a` (four int8 products per instruction) so that one weight
 //!   read serves all m tokens at the speed of memory; F32, F16 and BF16 weights use the f32
 //!   inputs. [`gemv_many`] runs up to three products of one input (q, k and v) in one launch,
@@ -351,6 +353,12 @@ impl MatmulKernels {
         self
     }
 
+    /// Whether products with these kernels read quantized activations (some weight type is
+    /// quantized), which [`ActScratch::prepare`] then writes.
+    pub fn quantizes(&self) -> bool {
+        self.quantize.is_some()
+    }
+
     fn of(&self, ty: GgmlType) -> Result<&TypeKernels, CudaError> {
         self.types.iter().find(|k| k.ty == ty).ok_or_else(|| {
             CudaError::Unsupported(format!("the matmul kernels were not built for {ty}"))
@@ -417,6 +425,9 @@ pub struct ActScratch {
     m: usize,
     cols: usize,
     quantized: bool,
+    /// An input another kernel quantized into the scratch ([`ActScratch::adopt`]): the next
+    /// `prepare` of exactly that input launches nothing.
+    adopted: Option<(u64, usize, usize, usize)>,
 }
 
 impl ActScratch {
@@ -440,7 +451,33 @@ impl ActScratch {
             m: 0,
             cols: 0,
             quantized: false,
+            adopted: None,
         })
+    }
+
+    /// Where a kernel other than the quantizer may write the int8 form of `m` rows of `cols`
+    /// values (the format of `kernels/actq.cuh`): the levels' and the sums' device addresses.
+    /// [`ActScratch::adopt`] then records what it wrote.
+    pub fn quantized_outputs(&self, m: usize, cols: usize) -> Result<(u64, u64), CudaError> {
+        if m == 0 || m > self.max_m || cols == 0 || cols > self.max_cols {
+            return Err(CudaError::Bounds(format!(
+                "activations of {m}x{cols} in scratch of {}x{}",
+                self.max_m, self.max_cols
+            )));
+        }
+        if !cols.is_multiple_of(GROUP) {
+            return Err(CudaError::Unsupported(format!(
+                "{cols} activation columns: must be a multiple of {GROUP}"
+            )));
+        }
+        Ok((self.q.ptr(), self.s.ptr()))
+    }
+
+    /// Records that a kernel launched since the last `prepare` wrote the int8 form of the input
+    /// `x` (as [`ActScratch::prepare`] takes it) to [`ActScratch::quantized_outputs`], so the
+    /// next `prepare` of that same input only checks its arguments.
+    pub fn adopt(&mut self, x: u64, x_stride: usize, m: usize, cols: usize) {
+        self.adopted = Some((x, x_stride, m, cols));
     }
 
     /// Prepares `m` rows of `cols` f32 values at device address `x`, `x_stride` floats apart,
@@ -476,7 +513,8 @@ impl ActScratch {
             return Err(CudaError::Bounds(format!("activation stride {x_stride}")));
         }
         self.quantized = false;
-        if let Some(quantize) = &k.quantize {
+        let adopted = self.adopted.take() == Some((x, x_stride, m, cols));
+        if let (Some(quantize), false) = (&k.quantize, adopted) {
             let groups = (cols / GROUP) as u32;
             gpu.launch(
                 quantize,

@@ -200,6 +200,12 @@ fn add_rms_norm_rows() {
         let pwd = g.upload(&pw).unwrap();
         let nwd = g.upload(&nw).unwrap();
         let out = g.upload(&vec![POISON; m * width]).unwrap();
+        // Widths of whole 32-value groups also get the int8 form.
+        let quant = width.is_multiple_of(32).then(|| {
+            let q = g.upload(&vec![0x55u8; m * width]).unwrap();
+            let s = g.upload(&vec![POISON; m * width / 8]).unwrap();
+            (q, s)
+        });
         k.add_rms_norm(
             &g,
             rd.ptr(),
@@ -210,6 +216,7 @@ fn add_rms_norm_rows() {
             m,
             width,
             eps,
+            quant.as_ref().map(|(q, s)| (q.ptr(), s.ptr())),
         )
         .unwrap();
         let what = format!("add_rms_norm {m}x{width} post {post}");
@@ -224,6 +231,47 @@ fn add_rms_norm_rows() {
         let got = read_f32(&g, &out, 0, m * width);
         check_rows(&format!("{what} normed"), &got, &want_norm, width, F32_TOL);
         assert_eq!(read_f32(&g, &ad, 0, m * width), add, "{what}: add changed");
+        if let Some((q, s)) = &quant {
+            let mut levels = vec![0i8; m * width];
+            g.read(q, 0, &mut levels).unwrap();
+            check_act_quant(&what, &got, &levels, &read_f32(&g, s, 0, m * width / 8));
+        }
+    }
+}
+
+/// Checks the GEMVs' int8 form (`kernels/actq.cuh`) of `x`: per 32 values, d = amax / 127 and
+/// every level the nearest integer to x / d; then the sums {d, d·Σq, d·Σq[..16], d·Σq[16..]}.
+fn check_act_quant(what: &str, x: &[f32], levels: &[i8], sums: &[f32]) {
+    for (gi, ((xg, lg), sg)) in x
+        .chunks(32)
+        .zip(levels.chunks(32))
+        .zip(sums.chunks(4))
+        .enumerate()
+    {
+        let amax = xg.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
+        let d = amax / 127.0;
+        assert!(
+            (sg[0] as f64 - d).abs() <= 1e-6 * d,
+            "{what}: group {gi}: d {} vs {d}",
+            sg[0]
+        );
+        for (i, (&v, &l)) in xg.iter().zip(lg).enumerate() {
+            let exact = if amax > 0.0 { v as f64 / d } else { 0.0 };
+            assert!(
+                (l as f64 - exact).abs() <= 0.5 + 1e-4,
+                "{what}: group {gi} value {i}: level {l} for {exact:.4}"
+            );
+        }
+        let half = |r: std::ops::Range<usize>| lg[r].iter().map(|&l| l as f64).sum::<f64>();
+        let (lo, hi) = (half(0..16), half(16..32));
+        for (j, want) in [(1, lo + hi), (2, lo), (3, hi)] {
+            let want = sg[0] as f64 * want;
+            assert!(
+                (sg[j] as f64 - want).abs() <= 1e-6 * want.abs().max(d),
+                "{what}: group {gi}: sum {j} {} vs {want}",
+                sg[j]
+            );
+        }
     }
 }
 
