@@ -15,32 +15,42 @@ __device__ __forceinline__ float4 act_group_sums(float amax, int first_half, int
                        d * (float)second_half);
 }
 
-// One value per lane: the whole warp quantizes one group, `q` and `s` pointing at the group's
-// levels and sums.
-__device__ __forceinline__ void quantize_group32(float v, int lane, i8* q, float4* s) {
-    const float amax = warp_max(fabsf(v));
-    const int level = act_level(v, amax);
-    q[lane] = (i8)level;
-    int half = level;
+// VALS (1, 2 or 4) consecutive values per lane: the 32 / VALS consecutive lanes that hold a
+// group (starting at a multiple of 32 / VALS) quantize it. Returns this lane's levels packed
+// a byte each (for store_levels) and, in the group's first lane, the group's sums in `sums`.
+// Every lane of the warp must call it.
+template <int VALS>
+__device__ __forceinline__ u32 quantize_group(const float (&v)[VALS], int lane, float4& sums) {
+    constexpr int LANES = 32 / VALS;
+    float amax = 0.0f;
 #pragma unroll
-    for (int o = 8; o > 0; o >>= 1) half += __shfl_xor_sync(0xffffffffu, half, o);
-    const int other = __shfl_xor_sync(0xffffffffu, half, 16);
-    if (lane == 0) *s = act_group_sums(amax, half, other);
+    for (int i = 0; i < VALS; i++) amax = fmaxf(amax, fabsf(v[i]));
+#pragma unroll
+    for (int o = 1; o < LANES; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    u32 packed = 0;
+    int half = 0;
+#pragma unroll
+    for (int i = 0; i < VALS; i++) {
+        const int level = act_level(v[i], amax);
+        packed |= (u32)(level & 0xFF) << (8 * i);
+        half += level;
+    }
+    // The first 16 values are in the group's first LANES / 2 lanes.
+#pragma unroll
+    for (int o = 1; o < LANES / 2; o <<= 1) half += __shfl_xor_sync(0xffffffffu, half, o);
+    const int other = __shfl_xor_sync(0xffffffffu, half, LANES / 2);
+    if ((lane & (LANES - 1)) == 0) sums = act_group_sums(amax, half, other);
+    return packed;
 }
 
-// Four values per lane: lanes 8j..8j+7 of the warp quantize group j of their float4s, `q4`
-// pointing at this lane's four levels and `s` at the group's sums. Every lane must call it.
-__device__ __forceinline__ void quantize_group8x4(float4 v, int lane, u32* q4, float4* s) {
-    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const int l0 = act_level(v.x, amax), l1 = act_level(v.y, amax);
-    const int l2 = act_level(v.z, amax), l3 = act_level(v.w, amax);
-    *q4 = (u32)(l0 & 0xFF) | ((u32)(l1 & 0xFF) << 8) | ((u32)(l2 & 0xFF) << 16) |
-          ((u32)(l3 & 0xFF) << 24);
-    int half = l0 + l1 + l2 + l3;
-    half += __shfl_xor_sync(0xffffffffu, half, 1);
-    half += __shfl_xor_sync(0xffffffffu, half, 2);
-    const int other = __shfl_xor_sync(0xffffffffu, half, 4);
-    if ((lane & 7) == 0) *s = act_group_sums(amax, half, other);
+// The VALS levels of quantize_group at q (aligned to VALS bytes).
+template <int VALS>
+__device__ __forceinline__ void store_levels(i8* q, u32 packed) {
+    if (VALS == 4) {
+        *(u32*)q = packed;
+    } else if (VALS == 2) {
+        *(u16*)q = (u16)packed;
+    } else {
+        *q = (i8)packed;
+    }
 }

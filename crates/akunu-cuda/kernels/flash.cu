@@ -31,8 +31,11 @@
 //    two tiles in flight, keep enough bytes moving.
 // 5. Rows without a visible key give zeros and lse = -inf, never NaN: the running max stays
 //    -inf and exponentials are taken against 0 instead.
+// 6. Decode with f32 output can also write its rows in the GEMVs' int8 form (actq.cuh), which
+//    saves the output projection its quantize launch.
 #include "common.cuh"
 #include "mma.cuh"
+#include "actq.cuh"
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
@@ -92,6 +95,10 @@ struct FlashParams {
     float* part_lse;
     u32* counters;
     float* debug;
+    // Decode with OUT_F32 and heads DV apart: each token's n_head * DV outputs also as int8
+    // levels (act_q, a row per token) and group sums (act_s), or null.
+    i8* act_q;
+    float4* act_s;
     long long q_tok, q_head;
     long long k_seq, k_head, k_pos;
     long long v_seq, v_head, v_pos;
@@ -504,6 +511,21 @@ __device__ __forceinline__ void store2(const FlashParams& p, bool partial, int t
     if (p.lse && first) p.lse[(u64)t * p.n_head + h] = lse2 * FLASH_LN2;
 }
 
+// VALS finished output values of row (t, h) from column c in the GEMVs' int8 form, when asked
+// for (the host asks only with DV a multiple of 64, so a warp's values never straddle a row
+// and every group is whole). Every lane of the warp calls it; `valid` lanes store.
+template <int VALS>
+__device__ __forceinline__ void store_act(const FlashParams& p, bool valid, int t, int h, int c,
+                                          const float (&v)[VALS]) {
+    if (DV % 64 != 0 || !p.act_q) return;
+    const u64 at = ((u64)t * p.n_head + h) * DV + c;
+    float4 sums;
+    const u32 levels = quantize_group<VALS>(v, threadIdx.x & 31, sums);
+    if (!valid) return;
+    store_levels<VALS>(p.act_q + at, levels);
+    if (at % 32 == 0) p.act_s[at / 32] = sums;
+}
+
 // After every thread stored this split's partial rows: the last split of the tile to get here
 // merges all splits' rows into the output and re-arms the tile's counter (for the next launch,
 // a graph replay included). One pass over the splits, rescaling as the maximum grows.
@@ -522,8 +544,10 @@ __device__ void merge_splits(const FlashParams& p, const int* row_tok, const int
     constexpr int C4 = DV / 4;
     for (int i = tid; i < BM * C4; i += THREADS) {
         const int r = i / C4, c = (i % C4) * 4;
-        const int t = row_tok[r];
-        if (t < 0) continue;
+        // Padding rows compute on token 0's row and store nothing: the int8 form needs every
+        // lane of the warp.
+        const bool valid = row_tok[r] >= 0;
+        const int t = valid ? row_tok[r] : 0;
         const int h = row_head[r];
         const u64 row = (u64)t * p.n_head + h;
         float mx = FLASH_NEG_INF, sum = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -543,8 +567,12 @@ __device__ void merge_splits(const FlashParams& p, const int* row_tok, const int
         }
         const float inv = sum > 0.f ? 1.f / sum : 0.f;
         const float lse2 = sum > 0.f ? mx + __log2f(sum) : FLASH_NEG_INF;
-        store2(p, false, t, h, c, acc[0] * inv, acc[1] * inv, lse2, c == 0);
-        store2(p, false, t, h, c + 2, acc[2] * inv, acc[3] * inv, lse2, false);
+        if (valid) {
+            store2(p, false, t, h, c, acc[0] * inv, acc[1] * inv, lse2, c == 0);
+            store2(p, false, t, h, c + 2, acc[2] * inv, acc[3] * inv, lse2, false);
+        }
+        const float out[4] = {acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv};
+        store_act<4>(p, valid, t, h, c, out);
     }
     if (tid == 0) p.counters[slot] = 0;
 }
@@ -763,6 +791,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
     for (int i = tid; i < BM * C2; i += THREADS) {
         const int r = i / C2, c = (i % C2) * 2;
         const int t = row_tok[r];
+        // A warp's pairs lie in one row (DV / 2 is a multiple of 32), so this is warp-uniform.
         if (t < 0) continue;
         float mx = FLASH_NEG_INF;
 #pragma unroll
@@ -781,6 +810,10 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
         const float inv = l > 0.f ? 1.f / l : 0.f;
         const float lse2 = l > 0.f ? mx + __log2f(l) : FLASH_NEG_INF;
         store2(p, partial, t, row_head[r], c, x * inv, y * inv, lse2, c == 0);
+        if (!partial) {
+            const float out[2] = {x * inv, y * inv};
+            store_act<2>(p, true, t, row_head[r], c, out);
+        }
     }
     if (partial) merge_splits<BM, THREADS>(p, row_tok, row_head);
 }

@@ -35,8 +35,10 @@ extern "C" __global__ void __launch_bounds__(256)
     const int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (t >= m || g >= cols / 32) return;
-    const float v = x[(size_t)t * x_stride + (size_t)g * 32 + lane];
-    quantize_group32(v, lane, q + (size_t)t * cols + (size_t)g * 32, s + (size_t)t * (cols / 32) + g);
+    const float v[1] = {x[(size_t)t * x_stride + (size_t)g * 32 + lane]};
+    float4 sums;
+    store_levels<1>(q + (size_t)t * cols + (size_t)g * 32 + lane, quantize_group<1>(v, lane, sums));
+    if (lane == 0) s[(size_t)t * (cols / 32) + g] = sums;
 }
 
 #else

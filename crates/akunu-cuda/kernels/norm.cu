@@ -155,11 +155,11 @@ __device__ __forceinline__ void add_rms_row_regs(float* res, const float* add, c
         // A group of 32 is 8 consecutive float4s: 8 lanes of one warp (step is whole warps,
         // and the launcher asks for quantization only when width is a multiple of 32).
         if (q) {
-            u32 levels;
+            const float v[4] = {y.x, y.y, y.z, y.w};
             float4 sums;
-            quantize_group8x4(y, threadIdx.x & 31, &levels, &sums);
+            const u32 levels = quantize_group<4>(v, threadIdx.x & 31, sums);
             if (i < n4) {
-                reinterpret_cast<u32*>(q)[i] = levels;
+                store_levels<4>(q + 4 * i, levels);
                 if ((i & 7) == 0) qs[i / 8] = sums;
             }
         }
@@ -172,7 +172,10 @@ __device__ __forceinline__ void quantize_row(const float* normed, u32 width, i8*
     __syncthreads();
     const u32 lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     for (u32 g = threadIdx.x >> 5; g < width / 32; g += warps) {
-        quantize_group32(normed[g * 32 + lane], lane, q + g * 32, qs + g);
+        const float v[1] = {normed[g * 32 + lane]};
+        float4 sums;
+        store_levels<1>(q + g * 32 + lane, quantize_group<1>(v, lane, sums));
+        if (lane == 0) qs[g] = sums;
     }
 }
 

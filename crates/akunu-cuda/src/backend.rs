@@ -662,8 +662,21 @@ impl CudaBackend {
                 } else {
                     Queries::Runs(&self.runs)
                 };
+                // In decode the output projection takes the int8 form from here.
+                let width = c.n_head * dv;
+                let fuse =
+                    small && self.mm.quantizes() && flash.writes_int8(&queries, c.n_head, kvh);
+                let mut acts = self.acts.borrow_mut();
+                let args = FlashArgs {
+                    int8_out: fuse.then(|| acts.quantized_outputs(m, width)).transpose()?,
+                    ..args
+                };
                 let max_kv = window.map_or(n_ctx, |w| w.min(n_ctx));
-                flash.run(gpu, &args, queries, max_kv, scratch)
+                flash.run(gpu, &args, queries, max_kv, scratch)?;
+                if fuse {
+                    acts.adopt(out, width, m, width);
+                }
+                Ok(())
             }
             Step::ResidualNorm {
                 post,

@@ -214,6 +214,10 @@ pub struct FlashArgs {
     /// consecutive.
     pub debug: u64,
     pub debug_steps: usize,
+    /// (levels, sums): the outputs also in the GEMVs' int8 form (`kernels/actq.cuh`), a row of
+    /// `n_head * head_dim_v` per token, as [`crate::matmul::ActScratch::quantized_outputs`]
+    /// lays them out. Only where [`FlashKernels::writes_int8`] says so.
+    pub int8_out: Option<(u64, u64)>,
 }
 
 /// How the queries are tiled.
@@ -270,6 +274,8 @@ struct FlashParams {
     part_lse: u64,
     counters: u64,
     debug: u64,
+    act_q: u64,
+    act_s: u64,
     q_tok: i64,
     q_head: i64,
     k_seq: i64,
@@ -290,6 +296,12 @@ struct FlashParams {
     scale: f32,
     n_split: u32,
     debug_tiles: u32,
+}
+
+/// Whether queries run on the decode kernel: one token per tile, a token's query heads of one
+/// KV head within its 16 rows.
+fn is_decode(q: &Queries, n_head: usize, n_head_kv: usize) -> bool {
+    matches!(q, Queries::PerToken) && n_head / n_head_kv.max(1) <= DECODE_ROWS
 }
 
 /// How one call is launched.
@@ -393,7 +405,7 @@ impl FlashKernels {
         scratch: usize,
     ) -> Result<Launch, CudaError> {
         let group = a.n_head / a.n_head_kv.max(1);
-        let decode = matches!(q, Queries::PerToken) && group <= DECODE_ROWS;
+        let decode = is_decode(q, a.n_head, a.n_head_kv);
         let rows = if decode {
             DECODE_ROWS
         } else {
@@ -534,6 +546,15 @@ impl FlashKernels {
 
     /// Enqueues attention for `a` on the GPU's stream. `max_kv` bounds the keys a token can
     /// see (it only chooses the split count).
+    /// Whether [`FlashKernels::run`] can also write its outputs in the GEMVs' int8 form
+    /// ([`FlashArgs::int8_out`]) for these queries: the decode kernel (one token per tile, a
+    /// group of at most 16 query heads), f32 output, value heads a multiple of 64 wide.
+    pub fn writes_int8(&self, q: &Queries, n_head: usize, n_head_kv: usize) -> bool {
+        self.cfg.out_f32
+            && self.cfg.head_dim_v.is_multiple_of(64)
+            && is_decode(q, n_head, n_head_kv)
+    }
+
     pub fn run(
         &self,
         gpu: &Gpu,
@@ -545,6 +566,21 @@ impl FlashKernels {
         self.check(a)?;
         if a.n_tokens == 0 {
             return Ok(());
+        }
+        if let Some((levels, sums)) = a.int8_out {
+            let dense = a.out_stride == [a.n_head * self.cfg.head_dim_v, self.cfg.head_dim_v];
+            if !self.writes_int8(&q, a.n_head, a.n_head_kv) || !dense {
+                return Err(bad(format!(
+                    "int8 attention output: needs decode queries, f32 output, dense heads and a \
+                     value head size that is a multiple of 64 (head_dim_v {}, out stride {:?})",
+                    self.cfg.head_dim_v, a.out_stride
+                )));
+            }
+            if levels == 0 || sums == 0 || !sums.is_multiple_of(16) || !levels.is_multiple_of(4) {
+                return Err(CudaError::Bounds(format!(
+                    "int8 attention output at {levels:#x} / {sums:#x}"
+                )));
+            }
         }
         let l = self.plan(a, &q, max_kv, scratch.bytes())?;
         let (lse_at, o_at, end) = self.layout(a, &l);
@@ -576,6 +612,8 @@ impl FlashKernels {
             part_lse: if split { scratch.at(lse_at) } else { 0 },
             counters: scratch.buf.ptr(),
             debug: if self.cfg.debug { a.debug } else { 0 },
+            act_q: a.int8_out.map_or(0, |o| o.0),
+            act_s: a.int8_out.map_or(0, |o| o.1),
             q_tok: to_i64("q stride", a.q_stride[0])?,
             q_head: to_i64("q stride", a.q_stride[1])?,
             k_seq: to_i64("k stride", a.k_stride[0])?,

@@ -234,6 +234,7 @@ fn upload(gpu: &Gpu, p: &Problem, cfg: &FlashConfig) -> Uploaded {
         tree,
         debug: 0,
         debug_steps: 0,
+        int8_out: None,
     };
     Uploaded {
         _bufs: bufs,
@@ -286,15 +287,33 @@ fn check(gpu: &Arc<Gpu>, k: &FlashKernels, c: &Case, seed: u64) {
     };
     let max_kv = p.n_ctx;
     let scratch = FlashScratch::new(gpu, k.scratch_bytes(&u.args, &q, max_kv).max(1)).unwrap();
+    // Where the kernels can, the outputs in the GEMVs' int8 form too.
+    let int8 = k.writes_int8(&q, p.n_head, p.n_head_kv).then(|| {
+        let n = p.n_tokens * p.n_head * p.head_dim_v;
+        (gpu.alloc(n).unwrap(), gpu.alloc(n / 32 * 16).unwrap())
+    });
+    let mut args = u.args;
+    args.int8_out = int8.as_ref().map(|(l, s)| (l.ptr(), s.ptr()));
     // Twice on one scratch, the output poisoned (all-ones bits, NaN) in between: the second run
     // must find the split counters re-armed by the first, as a replayed graph does.
     for _ in 0..2 {
         gpu.write(&u.out, 0, &vec![0xffu8; u.out.bytes()]).unwrap();
         gpu.write(&u.lse, 0, &vec![0xffu8; u.lse.bytes()]).unwrap();
-        k.run(gpu, &u.args, q, max_kv, &scratch).unwrap();
+        if let Some((l, s)) = &int8 {
+            gpu.write(l, 0, &vec![0x55u8; l.bytes()]).unwrap();
+            gpu.write(s, 0, &vec![0xffu8; s.bytes()]).unwrap();
+        }
+        k.run(gpu, &args, q, max_kv, &scratch).unwrap();
     }
     gpu.sync().unwrap();
     let got = read_out(gpu, &u, &cfg, want.len());
+    if let Some((l, s)) = &int8 {
+        let mut levels = vec![0i8; got.len()];
+        let mut sums = vec![0f32; got.len() / 8];
+        gpu.read(l, 0, &mut levels).unwrap();
+        gpu.read(s, 0, &mut sums).unwrap();
+        common::check_act_quant(&format!("{cfg:?} {c:?} int8"), &got, &levels, &sums);
+    }
     let mut lse = vec![0f32; want_lse.len()];
     gpu.read(&u.lse, 0, &mut lse).unwrap();
 

@@ -56,3 +56,39 @@ pub fn rel_err(a: &[f32], b: &[f64]) -> f64 {
 
 /// Host-side poison written into outputs before a kernel runs, so unwritten elements show.
 pub const POISON: f32 = f32::NAN;
+
+/// Checks the GEMVs' int8 form (`kernels/actq.cuh`) of `x`: per 32 values, d = amax / 127 and
+/// every level the nearest integer to x / d; then the sums {d, d·Σq, d·Σq[..16], d·Σq[16..]}.
+pub fn check_act_quant(what: &str, x: &[f32], levels: &[i8], sums: &[f32]) {
+    for (gi, ((xg, lg), sg)) in x
+        .chunks(32)
+        .zip(levels.chunks(32))
+        .zip(sums.chunks(4))
+        .enumerate()
+    {
+        let amax = xg.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
+        let d = amax / 127.0;
+        assert!(
+            (sg[0] as f64 - d).abs() <= 1e-6 * d,
+            "{what}: group {gi}: d {} vs {d}",
+            sg[0]
+        );
+        for (i, (&v, &l)) in xg.iter().zip(lg).enumerate() {
+            let exact = if amax > 0.0 { v as f64 / d } else { 0.0 };
+            assert!(
+                (l as f64 - exact).abs() <= 0.5 + 1e-4,
+                "{what}: group {gi} value {i}: level {l} for {exact:.4}"
+            );
+        }
+        let half = |r: std::ops::Range<usize>| lg[r].iter().map(|&l| l as f64).sum::<f64>();
+        let (lo, hi) = (half(0..16), half(16..32));
+        for (j, want) in [(1, lo + hi), (2, lo), (3, hi)] {
+            let want = sg[0] as f64 * want;
+            assert!(
+                (sg[j] as f64 - want).abs() <= 1e-6 * want.abs().max(d),
+                "{what}: group {gi}: sum {j} {} vs {want}",
+                sg[j]
+            );
+        }
+    }
+}
