@@ -455,10 +455,8 @@ impl ActScratch {
         })
     }
 
-    /// Where a kernel other than the quantizer may write the int8 form of `m` rows of `cols`
-    /// values (the format of `kernels/actq.cuh`): the levels' and the sums' device addresses.
-    /// [`ActScratch::adopt`] then records what it wrote.
-    pub fn quantized_outputs(&self, m: usize, cols: usize) -> Result<(u64, u64), CudaError> {
+    /// Whether `m` rows of `cols` values fit the scratch and its 32-value groups.
+    fn check_shape(&self, m: usize, cols: usize) -> Result<(), CudaError> {
         if m == 0 || m > self.max_m || cols == 0 || cols > self.max_cols {
             return Err(CudaError::Bounds(format!(
                 "activations of {m}x{cols} in scratch of {}x{}",
@@ -470,6 +468,14 @@ impl ActScratch {
                 "{cols} activation columns: must be a multiple of {GROUP}"
             )));
         }
+        Ok(())
+    }
+
+    /// Where a kernel other than the quantizer may write the int8 form of `m` rows of `cols`
+    /// values (the format of `kernels/actq.cuh`): the levels' and the sums' device addresses.
+    /// [`ActScratch::adopt`] then records what it wrote.
+    pub fn quantized_outputs(&self, m: usize, cols: usize) -> Result<(u64, u64), CudaError> {
+        self.check_shape(m, cols)?;
         Ok((self.q.ptr(), self.s.ptr()))
     }
 
@@ -492,17 +498,7 @@ impl ActScratch {
         m: usize,
         cols: usize,
     ) -> Result<(), CudaError> {
-        if m == 0 || m > self.max_m || cols == 0 || cols > self.max_cols {
-            return Err(CudaError::Bounds(format!(
-                "activations of {m}x{cols} in scratch of {}x{}",
-                self.max_m, self.max_cols
-            )));
-        }
-        if !cols.is_multiple_of(GROUP) {
-            return Err(CudaError::Unsupported(format!(
-                "{cols} activation columns: must be a multiple of {GROUP}"
-            )));
-        }
+        self.check_shape(m, cols)?;
         if x == 0 || !x.is_multiple_of(16) || x_stride < cols || !x_stride.is_multiple_of(4) {
             return Err(CudaError::Bounds(format!(
                 "activations at {x:#x} with stride {x_stride}: need a 16-byte aligned address \
