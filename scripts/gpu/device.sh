@@ -5,6 +5,7 @@
 # PyTorch's (flash_bench.py). Logs go to $OUT; the last lines printed are the summary table.
 #   GPU_STAGES="tests sanitize e2e profile bench flash gemv ncu" (default: all but gemv, ncu)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
 #   GPU_TESTS="test-flash test-backend" (default: every test executable)
+#   GPU_SANITIZE_TESTS="test-matmul" GPU_SANITIZE_FILTER="gated_product" (test-name filter)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -45,7 +46,7 @@ if [[ $stages == *sanitize* ]]; then
   for tool in memcheck racecheck; do
     for n in ${GPU_SANITIZE_TESTS:-test-flash test-layers test-matmul test-sample}; do
       [ -x "$B/$n" ] || continue
-      AKUNU_SANITIZE=1 timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$B/$n" --test-threads 1 > "$LOGS/sanitize-$tool-$n.log" 2>&1
+      timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$B/$n" --test-threads 1 ${GPU_SANITIZE_FILTER:-} > "$LOGS/sanitize-$tool-$n.log" 2>&1
       rc=$?; row "compute-sanitizer $tool $n: $([ $rc = 0 ] && echo clean || echo "rc=$rc $(grep -m1 -E 'ERROR SUMMARY|Invalid|hazard' "$LOGS/sanitize-$tool-$n.log")")"
     done
   done

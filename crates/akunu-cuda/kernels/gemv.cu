@@ -8,13 +8,12 @@
 // values per __dp4a with int32 sums inside a sub-block and f32 across them. Float weights
 // (F32, F16, BF16) meet the f32 activations directly.
 //
-// Work split: a row group of `ksplit` warps (1, 2, 4 or 8, a divisor of the block's warps;
-// more than 1 only in the _split entries of m = 1)
-// owns NR output rows (1 or 2 for m = 1 by type, 4 for m = 4 and 8, else 2; the gated kernel:
-// the gate and up rows of one output) and walks them in per-type "chunks" of 16 to 64 weight
-// bytes: lane l of the group's warp k takes chunks 32k + l, 32k + l + 32·ksplit, ... so every
-// weight load is 16 bytes, the group reads 512·ksplit contiguous bytes at a time, and each lane
-// keeps UNROLL chunks in flight. A chunk's activations are loaded once per token and serve every
+// Work split: a row group of `ksplit` warps (a power of two dividing the block's warps; more
+// than 1 only in the _split entries of m = 1) owns NR output rows (1 or 2 for m = 1 by type, 4
+// for m = 4 and 8, else 2; the gated kernel: the gate and up rows of one output) and walks them
+// in per-type "chunks" of 16 to 64 weight bytes: lane l of the group's warp k takes chunks
+// 32k + l, 32k + l + 32·ksplit, ... so every weight load is 16 bytes, the group reads
+// 512·ksplit contiguous bytes at a time, and each lane keeps UNROLL chunks in flight. A chunk's activations are loaded once per token and serve every
 // row the warp owns. The per-lane partial sums of all (row, token) pairs are then reduced
 // across the warp in one butterfly, and across the group's warps through shared memory. The
 // host splits a row's columns over several warps when there are too few rows to fill the GPU
