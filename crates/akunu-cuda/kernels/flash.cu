@@ -791,7 +791,8 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
     for (int i = tid; i < BM * C2; i += THREADS) {
         const int r = i / C2, c = (i % C2) * 2;
         const int t = row_tok[r];
-        // A warp's pairs lie in one row (DV / 2 is a multiple of 32), so this is warp-uniform.
+        // Where store_act quantizes (DV a multiple of 64) a warp's pairs lie in one row, so
+        // this is warp-uniform there.
         if (t < 0) continue;
         float mx = FLASH_NEG_INF;
 #pragma unroll
