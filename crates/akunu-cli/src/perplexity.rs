@@ -46,10 +46,12 @@ pub struct PerplexityArgs {
     /// Score at most this many chunks (-1 = every whole chunk of the text).
     #[arg(long = "chunks", default_value_t = -1, allow_negative_numbers = true)]
     pub chunks: i64,
-    /// Layers to put on the GPU. Accepted for compatibility; this build runs on the CPU.
+    /// Layers to put on the GPU: 0 runs on the CPU; any other value puts the whole model on
+    /// the GPU (the default when one can be used).
     #[arg(long = "n-gpu-layers", value_name = "N", allow_negative_numbers = true)]
     pub n_gpu_layers: Option<i64>,
-    /// on|off|auto. Accepted for compatibility; the CPU backend has one attention kernel.
+    /// on|off|auto. Accepted for compatibility; each backend has one attention path (flash
+    /// attention on the GPU).
     #[arg(long = "flash-attn", value_name = "MODE")]
     pub flash_attn: Option<String>,
 }
