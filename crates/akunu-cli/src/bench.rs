@@ -63,11 +63,12 @@ pub struct BenchArgs {
     /// Threads (default: the number of physical cores).
     #[arg(short = 't', long = "threads", value_name = "N")]
     pub threads: Vec<String>,
-    /// Accepted for compatibility and reported; this build runs on the CPU.
+    /// Layers to put on the GPU, reported: 0 runs on the CPU; any other value puts the whole
+    /// model on the GPU (the default when one can be used).
     #[arg(long = "n-gpu-layers", value_name = "N", allow_negative_numbers = true)]
     pub n_gpu_layers: Vec<String>,
-    /// on|off|auto. Accepted for compatibility and reported; the CPU backend has one attention
-    /// kernel.
+    /// on|off|auto. Accepted for compatibility and reported; each backend has one attention
+    /// path (flash attention on the GPU).
     #[arg(
         long = "flash-attn",
         value_name = "MODE",
