@@ -1,7 +1,8 @@
 // The int8 activation format the GEMVs read (gemv.cu), written by the quantize_act kernel and
 // by the norms that feed products directly (norm.cu): per group of 32 values, d = amax / 127,
 // levels round(v / d) in [-127, 127] (all zero when amax is 0), and the group's float4
-// {d, d·Σq, d·Σq[0..16), d·Σq[16..32)}. Both writers below give identical bits.
+// {d, d·Σq, d·Σq[0..16), d·Σq[16..32)}. quantize_group gives identical bits whether a lane
+// holds 1, 2 or 4 of a group's values.
 #pragma once
 #include "common.cuh"
 

@@ -682,10 +682,10 @@ __device__ __forceinline__ Split split_of(int block, int ksplit) {
 }
 
 // Adds the other warps' totals of this warp's row group to `s`, in the lanes that hold one
-// after reduce_values<V>. False in every warp but the group's first, which alone stores.
+// after reduce_values<V>. False in every warp but the group's first, which alone stores. Only
+// the _split entries call it, so every warp of the block reaches the barrier.
 template <int V>
 __device__ __forceinline__ bool gather_group(float& s, int lane, int ksplit) {
-    if (ksplit == 1) return true;
     constexpr int SH = 5 - Log2<V>::value;
     __shared__ float part[8][V];
     const int warp = threadIdx.x >> 5;

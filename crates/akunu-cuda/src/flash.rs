@@ -544,8 +544,6 @@ impl FlashKernels {
         Ok(())
     }
 
-    /// Enqueues attention for `a` on the GPU's stream. `max_kv` bounds the keys a token can
-    /// see (it only chooses the split count).
     /// Whether [`FlashKernels::run`] can also write its outputs in the GEMVs' int8 form
     /// ([`FlashArgs::int8_out`]) for these queries: the decode kernel (one token per tile, a
     /// group of at most 16 query heads), f32 output, value heads a multiple of 64 wide.
@@ -555,6 +553,8 @@ impl FlashKernels {
             && is_decode(q, n_head, n_head_kv)
     }
 
+    /// Enqueues attention for `a` on the GPU's stream. `max_kv` bounds the keys a token can
+    /// see (it only chooses the split count).
     pub fn run(
         &self,
         gpu: &Gpu,

@@ -334,14 +334,16 @@ impl MatmulKernels {
         } else {
             None
         };
-        Ok(MatmulKernels {
+        let kernels = MatmulKernels {
             types: out,
             quantize,
-            warps: gpu.chip.gemv_warps.clamp(1, 8).next_power_of_two() as u32,
-            fill_warps: gpu.chip.sm_count * gpu.chip.gemv_fill_warps,
+            warps: 0,
+            fill_warps: 0,
             parts: gpu.chip.gemv_parts.clamp(1, MAX_PARTS),
             early: gpu.chip.gemv_early_loads,
-        })
+        };
+        let fill = gpu.chip.sm_count * gpu.chip.gemv_fill_warps;
+        Ok(kernels.with_split(gpu.chip.gemv_warps, fill))
     }
 
     /// The same kernels launched in blocks of `warps` (rounded up to a power of two, at most 8)
