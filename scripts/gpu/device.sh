@@ -3,7 +3,7 @@
 # kernel tests, the whole-model checks against the CPU backend, compute-sanitizer,
 # `akunu bench` beside llama.cpp on identical synthetic models, and our attention kernels beside
 # PyTorch's (flash_bench.py). Logs go to $OUT; the last lines printed are the summary table.
-#   GPU_STAGES="tests sanitize e2e profile bench flash gemv ncu" (default: all but gemv, ncu)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
+#   GPU_STAGES="tests sanitize e2e profile bench flash gemv gemm ncu ncu-gemm" (default: the first six)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
 #   GPU_TESTS="test-flash test-backend" (default: every test executable)
 #   GPU_SANITIZE_TESTS="test-matmul" GPU_SANITIZE_FILTER="gated_product" (test-name filter)
 set -uo pipefail
@@ -99,7 +99,17 @@ if [[ $stages == *gemv* ]]; then
   "$B/test-matmul" --ignored --nocapture --exact gemv_bandwidth > "$OUT/gemv-bandwidth.txt" 2>&1
   row "gemv bandwidth: rc=$? ($(grep -c GB/s "$OUT/gemv-bandwidth.txt") lines)"
 fi
-if [[ $stages == *ncu* ]]; then
+if [[ " $stages " == *" gemm "* ]]; then
+  # Prefill-sized products (512 tokens, the 8B's shapes) per weight type and tile size.
+  "$B/test-gemm" --ignored --nocapture --exact gemm_throughput > "$OUT/gemm-throughput.txt" 2>&1
+  row "gemm throughput: rc=$? ($(grep -c TF/s "$OUT/gemm-throughput.txt") lines)"
+fi
+if [[ " $stages " == *" ncu-gemm "* ]]; then
+  # Nsight Compute on one GEMM launch of gemm_throughput: by default Q4_K 14336x4096, Auto tile.
+  ncu --kernel-name regex:gemm_m --launch-skip ${NCU_SKIP:-553} --launch-count 1 ${NCU_ARGS:---set full} \
+    "$B/test-gemm" --ignored --exact gemm_throughput > "$OUT/ncu-gemm.txt" 2>&1
+  row "ncu gemm: rc=$? ($(grep -c 'gemm_m' "$OUT/ncu-gemm.txt") lines name a kernel)"
+elif [[ " $stages " == *" ncu "* ]]; then
   # Nsight Compute on the attention kernels: by default the second decode shape (32K keys),
   # its first timed launch. NCU_SKIP / NCU_COUNT / NCU_SHAPES pick others, NCU_ARGS the report.
   ncu --kernel-name regex:flash_ --launch-skip ${NCU_SKIP:-5} --launch-count ${NCU_COUNT:-1} ${NCU_ARGS:---set full} \

@@ -10,7 +10,7 @@
 //    64 (two 32-element groups). Per step and per stage, shared memory holds
 //      X tile [BM][64] f16, filled with cp.async (16-byte chunks, zero-filled past m and K);
 //      W tile [128][64] f16, dequantized by the block: thread t turns group (t & 1) of tile row
-//      t >> 1 into f16 with quant.cuh's dequant32.
+//      t >> 1 into f16 (WGroup below: loaded at the top of a step, converted after its multiply).
 //    Both tiles are K-major with 128-byte rows whose 16-byte chunks are XOR-swizzled by
 //    (row & 7), so cp.async, the dequant stores and ldmatrix are all free of bank conflicts.
 //    Two stages: while the warps multiply stage s, the X chunks of step s+1 are in flight
@@ -28,6 +28,215 @@
 #define GEMM_BK 64
 // Largest |x| kept unscaled: f16's largest finite value is 65504.
 #define GEMM_X_LIMIT 16384.0f
+
+// Packed f16x2 arithmetic, each result rounded once (.rn: never contracted into an fma).
+__device__ __forceinline__ u32 hsub2(u32 a, u32 b) {
+    u32 r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
+    u32 r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c) {
+    u32 r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+__device__ __forceinline__ u32 splat_f16(float v) { return pack_f16x2(v, v); }
+
+// f16 1024 + v in each half, for v < 1024 in bits 0..9 of each half of `v2`: the integer part
+// of an f16 in [1024, 2048) is its mantissa, so this is a conversion without the (quarter-rate)
+// conversion unit. Subtracting 1024 + offset afterwards is exact.
+#define F16_1024 0x64006400u
+__device__ __forceinline__ u32 magic_f16(u32 v2) { return v2 | F16_1024; }
+// Bytes 0 and 1 (lo = true) or 2 and 3 of w in the low byte of each half.
+__device__ __forceinline__ u32 byte_pair(u32 w, bool lo) { return __byte_perm(w, 0u, lo ? 0x4140u : 0x4342u); }
+
+// One thread's weight group per step (32 elements of one row): `load` issues the global loads
+// (zeroing the scales of a group past the matrix, so it converts to zeros), `to_f16` turns the
+// group into 16 packed f16 pairs (elements 2i and 2i + 1 in h[i]) after the step's multiply.
+// The common types convert with f16x2 arithmetic (magic_f16) into exactly-rounded products of
+// the f16-rounded block scale; the others go through quant.cuh's f32 dequant32.
+#if QTYPE == GGML_Q4_0 || QTYPE == GGML_Q4_1
+struct WGroup {
+    uint4 q;
+    float d, m;
+    __device__ __forceinline__ void load(const QMatrix& mat, int row, int g, bool ok) {
+        const size_t i = qblock(mat, row, g);
+        q = __ldg((const uint4*)(mat.data + i * QB));
+#if QTYPE == GGML_Q4_1
+        const u32 dm = __ldg((const u32*)(mat.aux + i * AB));
+        d = f16_to_f32((u16)(dm & 0xFFFFu));
+        m = f16_to_f32((u16)(dm >> 16));
+#else
+        d = f16_to_f32(__ldg((const u16*)(mat.aux + i * AB)));
+        m = 0.0f;
+#endif
+        d = ok ? d : 0.0f;
+        m = ok ? m : 0.0f;
+    }
+    // Elements 0..15 are the low nibbles of bytes 0..15, elements 16..31 the high nibbles.
+    __device__ __forceinline__ void to_f16(int, u32 (&h)[16]) const {
+        const u32 w[4] = {q.x, q.y, q.z, q.w};
+        const u32 d2 = splat_f16(d);
+#if QTYPE == GGML_Q4_1
+        const u32 m2 = splat_f16(m), zero = F16_1024;
+#else
+        const u32 zero = 0x64086408u;  // 1024 + 8: Q4_0's offset
+#endif
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+#pragma unroll
+            for (int p = 0; p < 2; p++) {
+                const u32 b = byte_pair(w[k], p == 0);
+                const u32 lo = hsub2(magic_f16(b & 0x000F000Fu), zero);
+                const u32 hi = hsub2(magic_f16((b >> 4) & 0x000F000Fu), zero);
+#if QTYPE == GGML_Q4_1
+                h[2 * k + p] = hfma2(lo, d2, m2);
+                h[8 + 2 * k + p] = hfma2(hi, d2, m2);
+#else
+                h[2 * k + p] = hmul2(lo, d2);
+                h[8 + 2 * k + p] = hmul2(hi, d2);
+#endif
+            }
+        }
+    }
+};
+#elif QTYPE == GGML_Q8_0
+struct WGroup {
+    uint4 q0, q1;
+    float d;
+    __device__ __forceinline__ void load(const QMatrix& mat, int row, int g, bool ok) {
+        const size_t i = qblock(mat, row, g);
+        q0 = __ldg((const uint4*)(mat.data + i * QB));
+        q1 = __ldg((const uint4*)(mat.data + i * QB) + 1);
+        d = f16_to_f32(__ldg((const u16*)(mat.aux + i * AB)));
+        d = ok ? d : 0.0f;
+    }
+    // A signed byte with its sign bit flipped is q + 128 in 0..255.
+    __device__ __forceinline__ void to_f16(int, u32 (&h)[16]) const {
+        const u32 w[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+        const u32 d2 = splat_f16(d);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const u32 u = w[k] ^ 0x80808080u;
+#pragma unroll
+            for (int p = 0; p < 2; p++)
+                h[2 * k + p] = hmul2(hsub2(magic_f16(byte_pair(u, p == 0)), 0x64806480u), d2);
+        }
+    }
+};
+#elif QTYPE == GGML_Q4_K
+struct WGroup {
+    uint4 q0, q1;
+    float dl, ml;
+    // Group g is sub-block j = g % 8 of its block: quant bytes 32 (j / 2).., the low nibbles
+    // for even j; element = dl·q − ml.
+    __device__ __forceinline__ void load(const QMatrix& mat, int row, int g, bool ok) {
+        const int j = g & 7;
+        const size_t i = qblock(mat, row, g >> 3);
+        const uint4 a = __ldg((const uint4*)(mat.aux + i * AB));
+        const uint4* qp = (const uint4*)(mat.data + i * QB + 32 * (j >> 1));
+        q0 = __ldg(qp);
+        q1 = __ldg(qp + 1);
+        float sc, mn;
+        scale_min_k4(j, a.y, a.z, a.w, sc, mn);
+        dl = ok ? f16_to_f32((u16)(a.x & 0xFFFFu)) * sc : 0.0f;
+        ml = ok ? f16_to_f32((u16)(a.x >> 16)) * mn : 0.0f;
+    }
+    __device__ __forceinline__ void to_f16(int g, u32 (&h)[16]) const {
+        const u32 w[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+        const int shift = 4 * (g & 1);
+        const u32 d2 = splat_f16(dl), m2 = splat_f16(-ml);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const u32 v = w[k] >> shift;
+#pragma unroll
+            for (int p = 0; p < 2; p++) {
+                const u32 q = hsub2(magic_f16(byte_pair(v, p == 0) & 0x000F000Fu), F16_1024);
+                h[2 * k + p] = hfma2(q, d2, m2);
+            }
+        }
+    }
+};
+#elif QTYPE == GGML_Q6_K
+struct WGroup {
+    uint4 l0, l1, h0, h1;
+    float d0, d1;
+    // Group g is part p = j % 4 of 128-element half n = j / 4 (j = g % 8): ql bytes
+    // 64n + 32 (p & 1) (low nibbles for p < 2), qh bytes 128 + 32n at bit 2p, and one scale
+    // per 16 elements; element = d·scale·(q − 32).
+    __device__ __forceinline__ void load(const QMatrix& mat, int row, int g, bool ok) {
+        const int j = g & 7, n = j >> 2, p = j & 3;
+        const size_t i = qblock(mat, row, g >> 3);
+        const size_t nblocks = (size_t)mat.rows * (size_t)(mat.cols / QK);
+        const u8* blk = mat.data + i * QB;
+        const float d = f16_to_f32(__ldg((const u16*)(mat.aux + nblocks * AB) + i));
+        const u32 sc = __ldg((const u16*)(mat.aux + i * AB + 8 * n + 2 * p));
+        const uint4* qp = (const uint4*)(blk + 64 * n + 32 * (p & 1));
+        const uint4* hp = (const uint4*)(blk + 128 + 32 * n);
+        l0 = __ldg(qp);
+        l1 = __ldg(qp + 1);
+        h0 = __ldg(hp);
+        h1 = __ldg(hp + 1);
+        d0 = ok ? d * (float)(i8)(sc & 0xFFu) : 0.0f;
+        d1 = ok ? d * (float)(i8)(sc >> 8) : 0.0f;
+    }
+    __device__ __forceinline__ void to_f16(int g, u32 (&h)[16]) const {
+        const u32 lw[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+        const u32 hw[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+        const int p = g & 3, lshift = 4 * (p >> 1);
+        const u32 d2[2] = {splat_f16(d0), splat_f16(d1)};
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const u32 lo = lw[k] >> lshift;
+            const u32 hi = (hw[k] >> (2 * p)) << 4;
+#pragma unroll
+            for (int s = 0; s < 2; s++) {
+                const u32 q = (byte_pair(lo, s == 0) & 0x000F000Fu) | (byte_pair(hi, s == 0) & 0x00300030u);
+                h[2 * k + s] = hmul2(hsub2(magic_f16(q), 0x64206420u), d2[k >> 2]);  // 1024 + 32
+            }
+        }
+    }
+};
+#elif QTYPE == GGML_F16
+struct WGroup {
+    uint4 v[4];
+    __device__ __forceinline__ void load(const QMatrix& mat, int row, int g, bool ok) {
+        const uint4* p = (const uint4*)(mat.data + ((size_t)row * mat.cols + (size_t)g * 32) * 2);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            v[k] = __ldg(p + k);
+            if (!ok) v[k] = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+    __device__ __forceinline__ void to_f16(int, u32 (&h)[16]) const {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            h[4 * k] = v[k].x;
+            h[4 * k + 1] = v[k].y;
+            h[4 * k + 2] = v[k].z;
+            h[4 * k + 3] = v[k].w;
+        }
+    }
+};
+#else
+struct WGroup {
+    float v[32];
+    __device__ __forceinline__ void load(const QMatrix& mat, int row, int g, bool ok) {
+        dequant32(mat, row, g, v);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) v[i] = ok ? v[i] : 0.0f;
+    }
+    __device__ __forceinline__ void to_f16(int, u32 (&h)[16]) const {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) h[i] = pack_f16x2(v[2 * i], v[2 * i + 1]);
+    }
+};
+#endif
 
 // Byte offset of 16-byte chunk `c` (0..7) of row `r` in a K-major tile of 128-byte rows.
 __device__ __forceinline__ u32 swz(int r, int c) { return (u32)(r * 128 + ((c ^ (r & 7)) << 4)); }
@@ -116,29 +325,25 @@ __device__ __forceinline__ void gemm_tile(const u8* data, const u8* aux, int row
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * GEMM_BN;
     const int k = cols, groups = cols / 32, steps = (cols + GEMM_BK - 1) / GEMM_BK;
 
-    // This thread's dequantization job: group (2 * step + dg) of weight row n0 + dr.
+    // This thread's dequantization job: group (2 * step + dg) of weight row n0 + dr. Rows past
+    // the matrix and groups past K load a valid group with zero scales.
     const int dr = tid >> 1, dg = tid & 1, wrow = n0 + dr;
-    float w[32];
+    WGroup w;
+    int wg = 0;
 
-    // Branch-free, so the compiler can overlap the loads with the previous step's multiply:
-    // rows past the matrix and groups past K dequantize a valid group and are zeroed.
     auto fetch_w = [&](int step) {
         const int g = step * 2 + dg;
-        const bool ok = wrow < rows && g < groups;
-        dequant32(q, min(wrow, rows - 1), min(g, groups - 1), w);
-#pragma unroll
-        for (int i = 0; i < 32; ++i) w[i] = ok ? w[i] : 0.0f;
+        wg = min(g, groups - 1);
+        w.load(q, min(wrow, rows - 1), wg, wrow < rows && g < groups);
     };
     auto store_w = [&](int stage) {
+        u32 h[16];
+        w.to_f16(wg, h);
         const u32 dst = base + stage * STAGE + X_BYTES;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            const u32 a = pack_f16x2(w[8 * j + 0], w[8 * j + 1]);
-            const u32 b = pack_f16x2(w[8 * j + 2], w[8 * j + 3]);
-            const u32 c = pack_f16x2(w[8 * j + 4], w[8 * j + 5]);
-            const u32 d = pack_f16x2(w[8 * j + 6], w[8 * j + 7]);
             asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + swz(dr, dg * 4 + j)),
-                         "r"(a), "r"(b), "r"(c), "r"(d)
+                         "r"(h[4 * j]), "r"(h[4 * j + 1]), "r"(h[4 * j + 2]), "r"(h[4 * j + 3])
                          : "memory");
         }
     };
@@ -241,9 +446,15 @@ __device__ __forceinline__ void gemm_tile(const u8* data, const u8* aux, int row
 #define GEMM_ARGS data, aux, rows, cols, xh, xscale, m, y, y_stride, bias
 
 // Launch bounds: one 128-token block per SM may use up to 255 registers, which lets the
-// compiler issue the next step's weight loads at the top of the step and decode them after the
-// multiply; the 64-token kernel fits two blocks per SM in 128 registers with the same schedule.
+// compiler keep the next step's weights in flight longest; grids of more than one wave run
+// better as two such blocks per SM in 128 registers (gemm_m128_pair), and the 64-token kernel
+// fits two blocks per SM in 128 registers with the same schedule.
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) gemm_m128(GEMM_PARAMS) {
+    pdl_begin();
+    gemm_tile<4>(GEMM_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2) gemm_m128_pair(GEMM_PARAMS) {
     pdl_begin();
     gemm_tile<4>(GEMM_ARGS);
 }

@@ -5,8 +5,7 @@
 //! f16 copy in a [`GemmScratch`] (each token row scaled by a power of two that keeps it inside
 //! f16's range), so products that share an input (q/k/v, gate/up) convert it once; then
 //! [`gemm_prepared`] runs one block per tile of 128 (or 64) tokens × 128 weight rows. A block
-//! dequantizes its weight rows 64 columns at a time into shared memory as f16 (quant.cuh's
-//! `dequant32`), streams the activation tile in with `cp.async`, and multiplies with
+//! dequantizes its weight rows 64 columns at a time into shared memory as f16, streams the activation tile in with `cp.async`, and multiplies with
 //! `mma.sync.m16n8k16` (f16 operands, f32 accumulation), double-buffered. [`gemm`] does both
 //! steps. Any `m ≥ 1`, any number of rows and any `cols` that is a multiple of 32 are handled;
 //! no launch allocates or synchronizes.
@@ -62,19 +61,25 @@ fn smem_bytes(bm: usize) -> usize {
     2 * (bm + BN) * TILE_ROW_BYTES
 }
 
-/// Tokens per block tile.
+/// Tokens per block tile, and blocks per SM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemmTile {
-    /// 128-token tiles once they alone give every SM a block, else 64-token tiles (two blocks
-    /// per SM) for fewer tokens or fewer rows.
+    /// By the grid's size in 128-token tiles: [`GemmTile::Tokens128Pair`] when it fills every
+    /// SM, [`GemmTile::Tokens128`] when it fills half of them, else [`GemmTile::Tokens64`]
+    /// (fewer tokens or fewer rows).
     Auto,
+    /// 64-token tiles, two blocks per SM.
     Tokens64,
+    /// 128-token tiles, one block per SM with all the registers it wants.
     Tokens128,
+    /// 128-token tiles, two blocks per SM in 128 registers a thread.
+    Tokens128Pair,
 }
 
 struct TypeKernels {
     ty: GgmlType,
     m128: Kernel,
+    m128_pair: Kernel,
     m64: Kernel,
 }
 
@@ -118,9 +123,16 @@ impl GemmKernels {
             let d = defines(ty);
             let m128 = gpu.kernel(FILE, "gemm_m128", &d)?;
             m128.set_max_dynamic_smem(smem_bytes(128))?;
+            let m128_pair = gpu.kernel(FILE, "gemm_m128_pair", &d)?;
+            m128_pair.set_max_dynamic_smem(smem_bytes(128))?;
             let m64 = gpu.kernel(FILE, "gemm_m64", &d)?;
             m64.set_max_dynamic_smem(smem_bytes(64))?;
-            list.push(TypeKernels { ty, m128, m64 });
+            list.push(TypeKernels {
+                ty,
+                m128,
+                m128_pair,
+                m64,
+            });
         }
         let prep_ty = types.first().copied().unwrap_or(GgmlType::F32);
         let prep = gpu.kernel(FILE, "gemm_prep_x", &defines(prep_ty))?;
@@ -285,13 +297,26 @@ pub fn gemm_prepared(
         return Err(CudaError::Bounds("null GEMM output or bias".into()));
     }
     let tk = k.for_type(w.ty())?;
-    let bm = match k.tile {
-        GemmTile::Tokens64 => 64,
-        GemmTile::Tokens128 => 128,
-        GemmTile::Auto if m > 64 && m.div_ceil(128) * rows.div_ceil(BN) >= k.sm_count => 128,
-        GemmTile::Auto => 64,
+    let tile = match k.tile {
+        GemmTile::Auto => {
+            // Measured on an H200 (docs/perf): a 64-token tile dequantizes each weight twice as
+            // often, so it only wins where 128-token tiles would leave most SMs idle.
+            let blocks = m.div_ceil(128) * rows.div_ceil(BN);
+            if blocks >= k.sm_count {
+                GemmTile::Tokens128Pair
+            } else if m > 64 && 2 * blocks >= k.sm_count {
+                GemmTile::Tokens128
+            } else {
+                GemmTile::Tokens64
+            }
+        }
+        fixed => fixed,
     };
-    let kernel = if bm == 128 { &tk.m128 } else { &tk.m64 };
+    let (kernel, bm) = match tile {
+        GemmTile::Tokens128 => (&tk.m128, 128),
+        GemmTile::Tokens128Pair => (&tk.m128_pair, 128),
+        _ => (&tk.m64, 64),
+    };
     let grid_x = u32::try_from(m.div_ceil(bm))
         .map_err(|_| CudaError::Unsupported(format!("{m} tokens in one GEMM")))?;
     let grid_y = rows.div_ceil(BN);

@@ -1,8 +1,8 @@
 //! The tensor-core GEMM against an f64 reference, for every weight type.
 //!
 //! Weights are random f32 quantized with `akunu_quant::quantize`; the reference multiplies the
-//! `akunu_quant::dequantize`d weights with the f32 activations in f64. Checked, for both tile
-//! sizes and several shapes (odd token counts, row counts that are not a multiple of the tile,
+//! `akunu_quant::dequantize`d weights with the f32 activations in f64. Checked, for every tile
+//! kernel (64 and 128 tokens, one or two blocks per SM) and several shapes (odd token counts, row counts that are not a multiple of the tile,
 //! K with an odd number of 32-groups): relative error ≤ 2e-3 overall and, per element, an error
 //! within what f16 operands allow (2e-3 of Σ|w·x|); every output written and finite; the
 //! output's stride gap and the row past `m` untouched (poison); aligned, strided and misaligned
@@ -205,7 +205,11 @@ fn run_case(
     k.set_tile(GemmTile::Auto);
 }
 
-const BOTH: &[GemmTile] = &[GemmTile::Tokens64, GemmTile::Tokens128];
+const BOTH: &[GemmTile] = &[
+    GemmTile::Tokens64,
+    GemmTile::Tokens128,
+    GemmTile::Tokens128Pair,
+];
 
 #[test]
 fn every_type_matches_the_reference() {
@@ -240,7 +244,12 @@ fn prefill_sized_products() {
     let types = [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::F16];
     let mut k = GemmKernels::new(&g, &types).unwrap();
     let scratch = GemmScratch::new(&g, 512, 4096).unwrap();
-    let tiles = [GemmTile::Auto, GemmTile::Tokens64, GemmTile::Tokens128];
+    let tiles = [
+        GemmTile::Auto,
+        GemmTile::Tokens64,
+        GemmTile::Tokens128,
+        GemmTile::Tokens128Pair,
+    ];
     for (i, &ty) in types.iter().enumerate() {
         let seed = 5000 + i as u64 * 10;
         run_case(
@@ -388,4 +397,60 @@ fn bad_arguments_are_refused() {
     assert!(got.iter().all(|v| v.to_bits() == POISON.to_bits()));
     // Zero tokens is a no-op.
     gemm::gemm(&g, &k, &w.dev, x, cols, 0, yp, n, None, &scratch).unwrap();
+}
+
+/// Timing, for the GPU machine (`--ignored`): 512-token products of the 8B model's shapes for
+/// the weight types the benchmarks use, per tile size, in µs and TFLOP/s.
+#[test]
+#[ignore]
+fn gemm_throughput() {
+    use cudarc::driver::sys;
+    let Some(g) = gpu() else { return };
+    let types = [
+        GgmlType::Q4_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::F16,
+    ];
+    let mut k = GemmKernels::new(&g, &types).unwrap();
+    let m = 512;
+    let shapes = [(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336)];
+    let scratch = GemmScratch::new(&g, m, 14336).unwrap();
+    let tiles = [
+        GemmTile::Auto,
+        GemmTile::Tokens64,
+        GemmTile::Tokens128,
+        GemmTile::Tokens128Pair,
+    ];
+    for &ty in &types {
+        for &(rows, cols) in &shapes {
+            let src = random(rows * cols, 1.0, 7);
+            let mut bytes = vec![0u8; ty.bytes_for((rows * cols) as u64).unwrap() as usize];
+            akunu_quant::quantize(ty, &src, &mut bytes).unwrap();
+            let w = DeviceMatrix::upload(&g, ty, &bytes, rows, cols).unwrap();
+            let x = g.upload(&random(m * cols, 1.0, 8)).unwrap();
+            let y = g.alloc(m * rows * 4).unwrap();
+            gemm::prepare(&g, &k, x.ptr(), cols, m, cols, &scratch).unwrap();
+            let mut line = format!("{ty:>5} m={m} {rows:>5}x{cols:<5}");
+            for &tile in &tiles {
+                k.set_tile(tile);
+                let run = |n: usize| {
+                    for _ in 0..n {
+                        gemm::gemm_prepared(&g, &k, &w, &scratch, y.ptr(), rows, None).unwrap();
+                    }
+                };
+                run(3);
+                g.sync().unwrap();
+                let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+                let start = g.stream().record_event(flags).unwrap();
+                let reps = 20;
+                run(reps);
+                let end = g.stream().record_event(flags).unwrap();
+                let us = start.elapsed_ms(&end).unwrap() as f64 * 1e3 / reps as f64;
+                let tflops = 2.0 * (m * rows * cols) as f64 / (us * 1e-6) / 1e12;
+                line += &format!("  {tile:?}: {us:>7.1} us {tflops:>5.0} TF/s");
+            }
+            println!("{line}");
+        }
+    }
 }
