@@ -106,7 +106,7 @@ if [[ " $stages " == *" gemm "* ]]; then
 fi
 if [[ " $stages " == *" ncu-gemm "* ]]; then
   # Nsight Compute on one GEMM launch of gemm_throughput: by default Q4_K 14336x4096, Auto tile.
-  ncu --kernel-name regex:gemm_m --launch-skip ${NCU_SKIP:-553} --launch-count 1 ${NCU_ARGS:---set full} \
+  ncu --kernel-name regex:gemm_m --launch-skip ${NCU_SKIP:-714} --launch-count 1 ${NCU_ARGS:---set full} \
     "$B/test-gemm" --ignored --exact gemm_throughput > "$OUT/ncu-gemm.txt" 2>&1
   row "ncu gemm: rc=$? ($(grep -c 'gemm_m' "$OUT/ncu-gemm.txt") lines name a kernel)"
 elif [[ " $stages " == *" ncu "* ]]; then

@@ -308,12 +308,13 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
         prep_row<false>(x, x_stride, k, xh, xscale);
 }
 
-// Grid: (ceil(m / BM), ceil(rows / 128)); block: 256 threads; dynamic shared memory
-// 2 * (BM + 128) * 128 bytes. MT = m16 tiles per warp, BM = 32 * MT tokens per block.
+// Block tile (blockIdx.x, tile_row): tokens [BM·blockIdx.x, +BM) x weight rows
+// [128·tile_row, +128); block: 256 threads; dynamic shared memory 2 * (BM + 128) * 128 bytes.
+// MT = m16 tiles per warp, BM = 32 * MT tokens per block.
 template <int MT>
 __device__ __forceinline__ void gemm_tile(const u8* data, const u8* aux, int rows, int cols,
                                           const u16* xh, const float* xscale, int m, float* y,
-                                          long long y_stride, const float* bias) {
+                                          long long y_stride, const float* bias, int tile_row) {
     constexpr int BM = 32 * MT;
     constexpr u32 X_BYTES = BM * 128;
     constexpr u32 STAGE = X_BYTES + GEMM_BN * 128;
@@ -322,7 +323,7 @@ __device__ __forceinline__ void gemm_tile(const u8* data, const u8* aux, int row
 
     const QMatrix q = {data, aux, rows, cols};
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * GEMM_BN;
+    const int m0 = blockIdx.x * BM, n0 = tile_row * GEMM_BN;
     const int k = cols, groups = cols / 32, steps = (cols + GEMM_BK - 1) / GEMM_BK;
 
     // This thread's dequantization job: group (2 * step + dg) of weight row n0 + dr. Rows past
@@ -440,26 +441,38 @@ __device__ __forceinline__ void gemm_tile(const u8* data, const u8* aux, int row
     }
 }
 
-#define GEMM_PARAMS                                                                            \
-    const u8 *data, const u8 *aux, int rows, int cols, const u16 *xh, const float *xscale,     \
-        int m, float *y, long long y_stride, const float *bias
-#define GEMM_ARGS data, aux, rows, cols, xh, xscale, m, y, y_stride, bias
+// The products of one launch (up to 3, one weight type, one prepared input): part j covers
+// grid rows [first_tile, next part's first_tile) with tiles of its own matrix. Matches
+// GemmParams in gemm.rs.
+struct GemmPart {
+    const u8* data;
+    const u8* aux;
+    float* y;
+    const float* bias;
+    long long y_stride;
+    int rows, first_tile;
+};
+struct GemmParams {
+    GemmPart part[3];
+    const u16* xh;
+    const float* xscale;
+    int m, cols, parts, pad;
+};
 
 // Launch bounds: one 128-token block per SM may use up to 255 registers, which lets the
 // compiler keep the next step's weights in flight longest; grids of more than one wave run
 // better as two such blocks per SM in 128 registers (gemm_m128_pair), and the 64-token kernel
 // fits two blocks per SM in 128 registers with the same schedule.
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) gemm_m128(GEMM_PARAMS) {
-    pdl_begin();
-    gemm_tile<4>(GEMM_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2) gemm_m128_pair(GEMM_PARAMS) {
-    pdl_begin();
-    gemm_tile<4>(GEMM_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2) gemm_m64(GEMM_PARAMS) {
-    pdl_begin();
-    gemm_tile<2>(GEMM_ARGS);
-}
+#define GEMM_ENTRY(NAME, MINB, MT)                                                              \
+    extern "C" __global__ void __launch_bounds__(GEMM_THREADS, MINB) NAME(const GemmParams P) { \
+        pdl_begin();                                                                            \
+        const int by = blockIdx.y;                                                              \
+        const int j = (P.parts > 1 && by >= P.part[1].first_tile) +                             \
+                      (P.parts > 2 && by >= P.part[2].first_tile);                              \
+        const GemmPart& p = j == 0 ? P.part[0] : (j == 1 ? P.part[1] : P.part[2]);              \
+        gemm_tile<MT>(p.data, p.aux, p.rows, P.cols, P.xh, P.xscale, P.m, p.y, p.y_stride,      \
+                      p.bias, by - p.first_tile);                                               \
+    }
+GEMM_ENTRY(gemm_m128, 1, 4)
+GEMM_ENTRY(gemm_m128_pair, 2, 4)
+GEMM_ENTRY(gemm_m64, 2, 2)

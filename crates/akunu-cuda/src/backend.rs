@@ -495,18 +495,7 @@ impl CudaBackend {
                     let acts = self.acts.borrow();
                     return crate::matmul::gemv_many(gpu, &self.mm, &products, &acts, m);
                 }
-                for p in &products {
-                    crate::gemm::gemm_prepared(
-                        gpu,
-                        &self.gemm,
-                        p.w,
-                        &self.gemm_x,
-                        p.y,
-                        p.y_stride,
-                        p.bias,
-                    )?;
-                }
-                Ok(())
+                crate::gemm::gemm_many(gpu, &self.gemm, &products, &self.gemm_x)
             }
             Step::Gated { src, gate, up, act } => {
                 let width = self.widths[*src as usize];
@@ -535,24 +524,17 @@ impl CudaBackend {
                     let x = self.buf(*src);
                     let s = &self.gemm_x;
                     crate::gemm::prepare(gpu, &self.gemm, x, width, m, width, s)?;
-                    crate::gemm::gemm_prepared(
-                        gpu,
-                        &self.gemm,
-                        g,
-                        s,
-                        self.buf(Buf::Gate),
-                        c.n_ff,
-                        None,
-                    )?;
-                    crate::gemm::gemm_prepared(
-                        gpu,
-                        &self.gemm,
-                        u,
-                        s,
-                        self.buf(Buf::Up),
-                        c.n_ff,
-                        None,
-                    )?;
+                    let product = |w, y| crate::matmul::Product {
+                        w,
+                        y,
+                        y_stride: c.n_ff,
+                        bias: None,
+                    };
+                    let products = [
+                        product(g, self.buf(Buf::Gate)),
+                        product(u, self.buf(Buf::Up)),
+                    ];
+                    crate::gemm::gemm_many(gpu, &self.gemm, &products, s)?;
                     self.layers.gated_act(
                         gpu,
                         self.buf(Buf::Gate),

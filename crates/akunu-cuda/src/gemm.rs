@@ -14,8 +14,10 @@ use std::sync::{Arc, Mutex};
 
 use akunu_quant::GgmlType;
 
+use bytemuck::{Pod, Zeroable};
+
 use crate::gpu::{Arg, DeviceBuffer, Gpu, Kernel};
-use crate::matmul::DeviceMatrix;
+use crate::matmul::{DeviceMatrix, Product, MAX_PARTS};
 use crate::CudaError;
 
 /// Every weight type the GEMM kernels are compiled for.
@@ -273,35 +275,133 @@ pub fn gemm_prepared(
     y_stride: usize,
     bias: Option<u64>,
 ) -> Result<(), CudaError> {
+    let product = Product {
+        w,
+        y,
+        y_stride,
+        bias,
+    };
+    launch_gemm(gpu, k, &[product], scratch)
+}
+
+/// The products of several matrices with the activations in `scratch`: each run of one weight
+/// type, up to [`MAX_PARTS`], in one launch (its tiles fill the SMs together).
+pub fn gemm_many(
+    gpu: &Gpu,
+    k: &GemmKernels,
+    products: &[Product],
+    scratch: &GemmScratch,
+) -> Result<(), CudaError> {
+    let mut rest = products;
+    while let Some(first) = rest.first() {
+        let n = rest
+            .iter()
+            .take(MAX_PARTS)
+            .take_while(|p| p.w.ty() == first.w.ty())
+            .count();
+        launch_gemm(gpu, k, &rest[..n], scratch)?;
+        rest = &rest[n..];
+    }
+    Ok(())
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct GemmPart {
+    data: u64,
+    aux: u64,
+    y: u64,
+    bias: u64,
+    y_stride: i64,
+    rows: i32,
+    first_tile: i32,
+}
+
+/// The kernels' one parameter (`GemmParams` in `kernels/gemm.cu`).
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct GemmParams {
+    part: [GemmPart; MAX_PARTS],
+    xh: u64,
+    xscale: u64,
+    m: i32,
+    cols: i32,
+    parts: i32,
+    pad: i32,
+}
+
+/// One launch over `products` (one weight type, at most [`MAX_PARTS`]).
+fn launch_gemm(
+    gpu: &Gpu,
+    k: &GemmKernels,
+    products: &[Product],
+    scratch: &GemmScratch,
+) -> Result<(), CudaError> {
     let Some((m, cols)) = scratch.prepared() else {
         return Err(CudaError::Bounds(
             "GEMM scratch holds no prepared input".into(),
         ));
     };
-    if cols != w.cols() {
-        return Err(CudaError::Bounds(format!(
-            "prepared input has {cols} columns, the matrix {}",
-            w.cols()
+    let Some(first) = products.first() else {
+        return Ok(());
+    };
+    if products.len() > MAX_PARTS {
+        return Err(CudaError::Unsupported(format!(
+            "{} products in one launch: at most {MAX_PARTS}",
+            products.len()
         )));
     }
-    let rows = w.rows();
-    if y_stride < rows {
-        return Err(CudaError::Bounds(format!(
-            "output row stride {y_stride} is shorter than a row of {rows}"
-        )));
+    let ty = first.w.ty();
+    let mut params = GemmParams::zeroed();
+    let mut tiles = 0;
+    for (part, p) in params.part.iter_mut().zip(products) {
+        let rows = p.w.rows();
+        if p.w.ty() != ty {
+            return Err(CudaError::Unsupported(format!(
+                "{} and {ty} products in one launch",
+                p.w.ty()
+            )));
+        }
+        if cols != p.w.cols() {
+            return Err(CudaError::Bounds(format!(
+                "prepared input has {cols} columns, the matrix {}",
+                p.w.cols()
+            )));
+        }
+        if p.y_stride < rows {
+            return Err(CudaError::Bounds(format!(
+                "output row stride {} is shorter than a row of {rows}",
+                p.y_stride
+            )));
+        }
+        if p.y == 0 || p.bias == Some(0) {
+            return Err(CudaError::Bounds("null GEMM output or bias".into()));
+        }
+        *part = GemmPart {
+            data: p.w.data_ptr(),
+            aux: p.w.aux_ptr(),
+            y: p.y,
+            bias: p.bias.unwrap_or(0),
+            y_stride: to_i64(p.y_stride, "output row stride")?,
+            rows: to_i32(rows, "row count")?,
+            first_tile: to_i32(tiles, "row tiles")?,
+        };
+        tiles += rows.div_ceil(BN);
     }
-    if m == 0 || rows == 0 {
+    if m == 0 || tiles == 0 {
         return Ok(());
     }
-    if y == 0 || bias == Some(0) {
-        return Err(CudaError::Bounds("null GEMM output or bias".into()));
+    if tiles > 65535 {
+        return Err(CudaError::Unsupported(format!(
+            "{tiles} tiles of 128 rows in one GEMM"
+        )));
     }
-    let tk = k.for_type(w.ty())?;
+    let tk = k.for_type(ty)?;
     let tile = match k.tile {
         GemmTile::Auto => {
             // Measured on an H200 (docs/perf): a 64-token tile dequantizes each weight twice as
             // often, so it only wins where 128-token tiles would leave most SMs idle.
-            let blocks = m.div_ceil(128) * rows.div_ceil(BN);
+            let blocks = m.div_ceil(128) * tiles;
             if blocks >= k.sm_count {
                 GemmTile::Tokens128Pair
             } else if m > 64 && 2 * blocks >= k.sm_count {
@@ -319,29 +419,17 @@ pub fn gemm_prepared(
     };
     let grid_x = u32::try_from(m.div_ceil(bm))
         .map_err(|_| CudaError::Unsupported(format!("{m} tokens in one GEMM")))?;
-    let grid_y = rows.div_ceil(BN);
-    if grid_y > 65535 {
-        return Err(CudaError::Unsupported(format!("{rows} rows in one GEMM")));
-    }
-    let [data, aux, w_rows, w_cols] = w.args();
-    let args = [
-        data,
-        aux,
-        w_rows,
-        w_cols,
-        Arg::Ptr(scratch.halves()),
-        Arg::Ptr(scratch.scales()),
-        Arg::I32(to_i32(m, "token count")?),
-        Arg::Ptr(y),
-        Arg::I64(to_i64(y_stride, "output row stride")?),
-        Arg::Ptr(bias.unwrap_or(0)),
-    ];
-    gpu.launch(
+    params.xh = scratch.halves();
+    params.xscale = scratch.scales();
+    params.m = to_i32(m, "token count")?;
+    params.cols = to_i32(cols, "input width")?;
+    params.parts = products.len() as i32;
+    gpu.launch_with(
         kernel,
-        (grid_x, grid_y as u32, 1),
+        (grid_x, tiles as u32, 1),
         (THREADS, 1, 1),
         smem_bytes(bm) as u32,
-        &args,
+        &params,
     )
 }
 

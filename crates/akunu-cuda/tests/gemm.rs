@@ -7,14 +7,14 @@
 //! within what f16 operands allow (2e-3 of Σ|w·x|); every output written and finite; the
 //! output's stride gap and the row past `m` untouched (poison); aligned, strided and misaligned
 //! inputs; bias; large activations (the power-of-two scaling); one prepared input shared by
-//! several matrices; bad arguments refused.
+//! several matrices, and several products in one launch; bad arguments refused.
 
 mod common;
 
 use std::sync::Arc;
 
 use akunu_cuda::gemm::{self, GemmKernels, GemmScratch, GemmTile, TYPES};
-use akunu_cuda::matmul::DeviceMatrix;
+use akunu_cuda::matmul::{DeviceMatrix, Product};
 use akunu_cuda::{CudaError, DeviceBuffer, Gpu};
 use akunu_quant::GgmlType;
 use common::{gpu, random, rel_err, POISON};
@@ -338,6 +338,63 @@ fn one_prepared_input_serves_several_matrices() {
 }
 
 #[test]
+fn several_products_in_one_launch_match_the_reference() {
+    let Some(g) = gpu() else { return };
+    let types = [GgmlType::Q4_K, GgmlType::Q6_K];
+    let mut k = GemmKernels::new(&g, &types).unwrap();
+    let cols = 512;
+    // Four Q4_K matrices (three in the first launch, one in the second) and a Q6_K one; the
+    // second has a bias and a padded output.
+    let specs = [
+        (GgmlType::Q4_K, 300, 0),
+        (GgmlType::Q4_K, 77, 3),
+        (GgmlType::Q4_K, 128, 0),
+        (GgmlType::Q4_K, 40, 0),
+        (GgmlType::Q6_K, 200, 0),
+    ];
+    let ws: Vec<Weights> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, &(ty, n, _))| weights(&g, ty, n, cols, 950 + i as u64))
+        .collect();
+    let bias = random(77, 0.5, 960);
+    let bias_buf = g.upload(&bias).unwrap();
+    for m in [45, 200] {
+        let scratch = GemmScratch::new(&g, m, cols).unwrap();
+        let x = random(m * cols, 1.0, 970 + m as u64);
+        let xb = g.upload(&x).unwrap();
+        gemm::prepare(&g, &k, xb.ptr(), cols, m, cols, &scratch).unwrap();
+        for tile in [GemmTile::Auto, GemmTile::Tokens64, GemmTile::Tokens128Pair] {
+            k.set_tile(tile);
+            let ys: Vec<DeviceBuffer> = specs
+                .iter()
+                .map(|&(_, n, pad)| poisoned(&g, (m + 1) * (n + pad)))
+                .collect();
+            let products: Vec<Product> = specs
+                .iter()
+                .zip(&ws)
+                .zip(&ys)
+                .enumerate()
+                .map(|(i, ((&(_, n, pad), w), y))| Product {
+                    w: &w.dev,
+                    y: y.ptr(),
+                    y_stride: n + pad,
+                    bias: (i == 1).then(|| bias_buf.ptr()),
+                })
+                .collect();
+            gemm::gemm_many(&g, &k, &products, &scratch).unwrap();
+            g.sync().unwrap();
+            for (i, ((&(ty, n, pad), w), y)) in specs.iter().zip(&ws).zip(&ys).enumerate() {
+                let b = (i == 1).then_some(bias.as_slice());
+                let (want, mag) = reference(&w.host, &x, m, n, cols, b);
+                let what = format!("product {i} of a launch ({ty}, m={m}, {tile:?})");
+                check_output(&g, &what, y, m, n, n + pad, &want, &mag);
+            }
+        }
+    }
+}
+
+#[test]
 fn bad_arguments_are_refused() {
     let Some(g) = gpu() else { return };
     let k = GemmKernels::new(&g, &[GgmlType::Q4_0]).unwrap();
@@ -449,6 +506,59 @@ fn gemm_throughput() {
                 let us = start.elapsed_ms(&end).unwrap() as f64 * 1e3 / reps as f64;
                 let tflops = 2.0 * (m * rows * cols) as f64 / (us * 1e-6) / 1e12;
                 line += &format!("  {tile:?}: {us:>7.1} us {tflops:>5.0} TF/s");
+            }
+            println!("{line}");
+        }
+        k.set_tile(GemmTile::Auto);
+        // The 8B's q/k/v and gate/up: one launch per matrix, then one for all.
+        for rows in [&[4096, 1024, 1024][..], &[14336, 14336][..]] {
+            let cols = 4096;
+            let mats: Vec<DeviceMatrix> = rows
+                .iter()
+                .map(|&r| {
+                    let mut bytes = vec![0u8; ty.bytes_for((r * cols) as u64).unwrap() as usize];
+                    akunu_quant::quantize(ty, &random(r * cols, 1.0, r as u64), &mut bytes)
+                        .unwrap();
+                    DeviceMatrix::upload(&g, ty, &bytes, r, cols).unwrap()
+                })
+                .collect();
+            let ys: Vec<DeviceBuffer> = rows.iter().map(|&r| g.alloc(m * r * 4).unwrap()).collect();
+            let products: Vec<Product> = mats
+                .iter()
+                .zip(&ys)
+                .map(|(w, y)| Product {
+                    w,
+                    y: y.ptr(),
+                    y_stride: w.rows(),
+                    bias: None,
+                })
+                .collect();
+            let x = g.upload(&random(m * cols, 1.0, 8)).unwrap();
+            gemm::prepare(&g, &k, x.ptr(), cols, m, cols, &scratch).unwrap();
+            let mut line = format!("{ty:>5} m={m} {rows:?}x{cols}");
+            for (name, one_launch) in [("separate", false), ("one launch", true)] {
+                let run = |n: usize| {
+                    for _ in 0..n {
+                        if one_launch {
+                            gemm::gemm_many(&g, &k, &products, &scratch).unwrap();
+                        } else {
+                            for p in &products {
+                                gemm::gemm_many(&g, &k, std::slice::from_ref(p), &scratch).unwrap();
+                            }
+                        }
+                    }
+                };
+                run(3);
+                g.sync().unwrap();
+                let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+                let start = g.stream().record_event(flags).unwrap();
+                let reps = 20;
+                run(reps);
+                let end = g.stream().record_event(flags).unwrap();
+                let us = start.elapsed_ms(&end).unwrap() as f64 * 1e3 / reps as f64;
+                let flop = 2.0 * (m * rows.iter().sum::<usize>() * cols) as f64;
+                let tflops = flop / (us * 1e-6) / 1e12;
+                line += &format!("  {name}: {us:>7.1} us {tflops:>5.0} TF/s");
             }
             println!("{line}");
         }
