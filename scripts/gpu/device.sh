@@ -3,7 +3,7 @@
 # kernel tests, the whole-model checks against the CPU backend, compute-sanitizer,
 # `akunu bench` beside llama.cpp on identical synthetic models, and our attention kernels beside
 # PyTorch's (flash_bench.py). Logs go to $OUT; the last lines printed are the summary table.
-#   GPU_STAGES="tests sanitize e2e profile bench flash gemv gemm ncu ncu-gemm" (default: the first six)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
+#   GPU_STAGES="tests sanitize e2e profile bench flash gemv gemm ncu ncu-gemm ncu-decode" (default: the first six)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
 #   GPU_TESTS="test-flash test-backend" (default: every test executable)
 #   GPU_SANITIZE_TESTS="test-matmul" GPU_SANITIZE_FILTER="gated_product" (test-name filter)
 set -uo pipefail
@@ -22,7 +22,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=c
 gpu=$(head -1 "$OUT/gpu.txt" | cut -d, -f1)
 
 # Background: llama.cpp build and the synthetic models, while the tests run.
-if [[ $stages == *bench* || $stages == *e2e* || $stages == *profile* ]]; then
+if [[ $stages == *bench* || $stages == *e2e* || $stages == *profile* || $stages == *ncu-decode* ]]; then
   [[ $stages == *bench* ]] && ( bash "$G/llamacpp-peer.sh" build "$G/llama.cpp.tar.xz" > "$LOGS/llamacpp-build.log" 2>&1 ) &
   peer_pid=$!
   ( mkdir -p /tmp/models; tar xJf "$G/llama.cpp.tar.xz" -C /tmp/models ./gguf-py 2>/dev/null
@@ -103,6 +103,19 @@ if [[ " $stages " == *" gemm "* ]]; then
   # Prefill-sized products (512 tokens, the 8B's shapes) per weight type and tile size.
   "$B/test-gemm" --ignored --nocapture --exact gemm_throughput > "$OUT/gemm-throughput.txt" 2>&1
   row "gemm throughput: rc=$? ($(grep -c TF/s "$OUT/gemm-throughput.txt") lines)"
+fi
+if [[ " $stages " == *" ncu-decode "* ]]; then
+  # The kernels of a few decode steps of `akunu bench` (empty context; NCU_SKIP / NCU_COUNT
+  # launches), timed one at a time by Nsight Compute (boost clocks, warm caches unless
+  # NCU_CONTROL says otherwise) and summed by name per step.
+  wait $synth_pid
+  for spec in $models; do
+    m=/tmp/models/${spec%%:*}-${spec##*:}.gguf
+    ncu --metrics gpu__time_duration.sum --csv ${NCU_CONTROL:---clock-control none --cache-control none} --launch-skip ${NCU_SKIP:-3000} --launch-count ${NCU_COUNT:-800} \
+      "$B/akunu" bench -m "$m" -p 0 -n 128 -r 1 --no-warmup 2> "$LOGS/ncu-decode-${spec%%:*}.err" \
+      | python3 scripts/gpu/ncu_table.py embed > "$OUT/ncu-decode-${spec%%:*}-${spec##*:}.md" 2>&1
+    row "ncu decode $spec: $(tail -1 "$OUT/ncu-decode-${spec%%:*}-${spec##*:}.md")"
+  done
 fi
 if [[ " $stages " == *" ncu-gemm "* ]]; then
   # Nsight Compute on one GEMM launch of gemm_throughput: by default Q4_K 14336x4096, Auto tile.

@@ -201,11 +201,11 @@ __device__ __forceinline__ void tile_rows(const FlashParams& p, u32 t0, u32 ntok
     }
 }
 
-// This split's slice [kb, ke) of the keys [blo, bhi), in whole multiples of `gran` keys from
-// blo, so a step never straddles two slices.
-__device__ __forceinline__ void split_slice(const FlashParams& p, u32 blo, u32 bhi, u32 gran,
-                                            u32& kb, u32& ke) {
-    u32 per_split = (bhi - blo + p.n_split - 1) / p.n_split;
+// This split's slice [kb, ke) of the keys [blo, bhi) cut in n_split, in whole multiples of
+// `gran` keys from blo, so a step never straddles two slices.
+__device__ __forceinline__ void split_slice(u32 n_split, u32 blo, u32 bhi, u32 gran, u32& kb,
+                                            u32& ke) {
+    u32 per_split = (bhi - blo + n_split - 1) / n_split;
     per_split = (per_split + gran - 1) / gran * gran;
     kb = min(bhi, blo + blockIdx.z * per_split);
     ke = min(bhi, kb + per_split);
@@ -526,17 +526,18 @@ __device__ __forceinline__ void store_act(const FlashParams& p, bool valid, int 
     if (at % 32 == 0) p.act_s[at / 32] = sums;
 }
 
-// After every thread stored this split's partial rows: the last split of the tile to get here
-// merges all splits' rows into the output and re-arms the tile's counter (for the next launch,
-// a graph replay included). One pass over the splits, rescaling as the maximum grows.
+// After every thread stored this split's partial rows: the last of the tile's n_split splits to
+// get here merges their rows into the output and re-arms the tile's counter (for the next
+// launch, a graph replay included). One pass over the splits, rescaling as the maximum grows.
 template <int BM, int THREADS>
-__device__ void merge_splits(const FlashParams& p, const int* row_tok, const int* row_head) {
+__device__ void merge_splits(const FlashParams& p, u32 n_split, const int* row_tok,
+                             const int* row_head) {
     __shared__ bool last;
     const int tid = threadIdx.x;
     const u32 slot = blockIdx.x * gridDim.y + blockIdx.y;
     __threadfence();
     __syncthreads();
-    if (tid == 0) last = atomicAdd(&p.counters[slot], 1u) == p.n_split - 1;
+    if (tid == 0) last = atomicAdd(&p.counters[slot], 1u) == n_split - 1;
     __syncthreads();
     if (!last) return;
     __threadfence();
@@ -553,7 +554,7 @@ __device__ void merge_splits(const FlashParams& p, const int* row_tok, const int
         float mx = FLASH_NEG_INF, sum = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
         // Branch-free, so the unrolled iterations' loads issue together.
 #pragma unroll 4
-        for (u32 z = 0; z < p.n_split; ++z) {
+        for (u32 z = 0; z < n_split; ++z) {
             const float x = ldcg(p.part_lse + z * stride + row);
             float v[4];
             ldcg4(p.part_o + (z * stride + row) * DV + c, v);
@@ -602,7 +603,7 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
     tile_rows<BM, THREADS>(p, t0, ntok, kv_len, row_tok, row_head, block_range);
     __syncthreads();
     u32 kb, ke;
-    split_slice(p, block_range[0], block_range[1], BN, kb, ke);
+    split_slice(p.n_split, block_range[0], block_range[1], BN, kb, ke);
     const int steps = (int)((ke - kb + BN - 1) / BN);
     // This thread's rows: C-fragment rows lane / 4 and lane / 4 + 8 of each of the warp's tiles.
     int rows[MT][2];
@@ -674,7 +675,7 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
                 store2(p, partial, t, row_head[rows[m][i]], dt * 8 + 2 * (lane & 3), st[m].o[dt][2 * i] * inv,
                        st[m].o[dt][2 * i + 1] * inv, lse2, dt == 0 && (lane & 3) == 0);
         }
-    if (partial) merge_splits<BM, THREADS>(p, row_tok, row_head);
+    if (partial) merge_splits<BM, THREADS>(p, p.n_split, row_tok, row_head);
 }
 
 // One warp's ring of DEC_STAGES tiles of DEC_KEYS keys, filled by cp.async: one commit group
@@ -720,8 +721,14 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
     const u32 kv_len = p.kv_len ? min(p.kv_len[seq], p.n_ctx) : p.n_ctx;
     tile_rows<BM, THREADS>(p, t0, 1, kv_len, row_tok, row_head, block_range);
     __syncthreads();
+    // The launch's split count suits the longest context it may see (a captured graph replays
+    // it as the context grows); a block's token uses as many splits as give each at least two
+    // steps per warp. The blocks past them leave at once and the merge waits for no more.
+    constexpr u32 MIN_SPLIT_KEYS = 2 * DEC_WARPS * DEC_KEYS;
+    const u32 n_split = max(1u, min(p.n_split, (block_range[1] - block_range[0]) / MIN_SPLIT_KEYS));
+    if (blockIdx.z >= n_split) return;
     u32 kb, ke;
-    split_slice(p, block_range[0], block_range[1], DEC_WARPS * DEC_KEYS, kb, ke);
+    split_slice(n_split, block_range[0], block_range[1], DEC_WARPS * DEC_KEYS, kb, ke);
 #ifdef FLASH_DEBUG
     // Every key to the first warp, so its dump is the state over consecutive steps.
     const u32 wb = warp == 0 ? kb : ke, we = ke;
@@ -786,7 +793,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
         }
     }
     __syncthreads();
-    const bool partial = p.n_split > 1;
+    const bool partial = n_split > 1;
     constexpr int C2 = DV / 2;
     for (int i = tid; i < BM * C2; i += THREADS) {
         const int r = i / C2, c = (i % C2) * 2;
@@ -816,5 +823,5 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
             store_act<2>(p, true, t, row_head[r], c, out);
         }
     }
-    if (partial) merge_splits<BM, THREADS>(p, row_tok, row_head);
+    if (partial) merge_splits<BM, THREADS>(p, n_split, row_tok, row_head);
 }
