@@ -706,8 +706,10 @@ struct DecodeRing {
 // Decode and short batches: one token's group (16 rows) per block, four warps each streaming a
 // contiguous quarter of the block's keys through its own ring. Grid (tokens, n_head_kv,
 // splits); dynamic shared memory: the Q tile and each warp's ring.
+// The tile's rows, key ranges and split are worked out before waiting for the predecessor
+// (dependent launch) from q_seq, kv_len and q_pos: those must come from an earlier launch or
+// copy, never the kernel just before (in the engine, RoPE and the KV store).
 extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams p) {
-    pdl_begin();
     constexpr int BM = 16, THREADS = 32 * DEC_WARPS;
     constexpr u32 Q_BYTES = BM * QROW;
     extern __shared__ __align__(128) u8 smem[];
@@ -738,6 +740,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
 #endif
     const int steps = (int)((we - wb + DEC_KEYS - 1) / DEC_KEYS);
     const RowMask rm[1][2] = {{row_mask(p, row_tok[lane >> 2], kv_len), row_mask(p, row_tok[(lane >> 2) + 8], kv_len)}};
+    pdl_begin();
 
     const u32 g = blockIdx.y % p.n_head_kv;
     DecodeRing ring;

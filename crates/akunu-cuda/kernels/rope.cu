@@ -14,14 +14,17 @@
 // Work split: grid = (m, ceil((n_head + 2 * n_head_kv) / 8)); block (t, y) takes heads
 // 8y .. 8y + 7 of token t in the order Q heads, K heads, V heads, one warp per head, lanes
 // striding the head. Each block computes the token's angles it needs.
+// Before waiting for its predecessor (dependent launch) a block reads what only earlier launches
+// or copies write: the token's position and slot, the frequencies and the norm weights, and
+// computes the angles; so positions and slots must never come from the kernel just before.
 extern "C" __global__ void __launch_bounds__(ROPE_THREADS)
 qk_rope_store(float* q, const float* k, const float* v, const float* q_norm, const float* k_norm,
               float eps, const float* inv_freq, u32 n_rot, u32 neox, const u32* positions,
               const u32* slots, u16* kcache, u16* vcache, u32 n_head, u32 n_head_kv,
               u32 head_dim, u32 head_dim_v, u32 n_ctx) {
-    pdl_begin();
     __shared__ float cos_sin[ROPE_MAX_DIM];
     __shared__ float head[ROPE_WARPS][ROPE_MAX_DIM];
+    constexpr u32 PER_LANE = ROPE_MAX_DIM / 32;
     const u32 t = blockIdx.x;
     const u32 pos = positions[t], slot = slots[t];
     const bool store = pos < n_ctx;
@@ -33,11 +36,20 @@ qk_rope_store(float* q, const float* k, const float* v, const float* q_norm, con
         cos_sin[2 * i] = (float)c;
         cos_sin[2 * i + 1] = (float)s;
     }
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 hh = blockIdx.y * ROPE_WARPS + warp;
+    const bool is_q = hh < n_head;
+    const float* w = hh < n_head + n_head_kv ? (is_q ? q_norm : k_norm) : nullptr;
+    float wv[PER_LANE];
+#pragma unroll
+    for (u32 j = 0; j < PER_LANE; ++j) {
+        const u32 e = lane + 32 * j;
+        wv[j] = w && e < head_dim ? w[e] : 0.f;
+    }
+    pdl_begin();
     __syncthreads();
 
-    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float* hb = head[warp];
-    const u32 hh = blockIdx.y * ROPE_WARPS + warp;
     if (hh >= n_head + 2 * n_head_kv) return;
     if (hh >= n_head + n_head_kv) {
         // V head: converted and stored, nothing else.
@@ -48,11 +60,9 @@ qk_rope_store(float* q, const float* k, const float* v, const float* q_norm, con
         for (u32 e = lane; e < head_dim_v; e += 32) dst[e] = f32_to_f16(src[e]);
         return;
     }
-    const bool is_q = hh < n_head;
     const u32 g = is_q ? hh : hh - n_head;
     const float* src = is_q ? q + ((u64)t * n_head + g) * head_dim
                             : k + ((u64)t * n_head_kv + g) * head_dim;
-    const float* w = is_q ? q_norm : k_norm;
     float ss = 0.f;
     for (u32 e = lane; e < head_dim; e += 32) {
         const float x = src[e];
@@ -61,7 +71,11 @@ qk_rope_store(float* q, const float* k, const float* v, const float* q_norm, con
     }
     if (w) {
         const float scale = rsqrtf(warp_sum(ss) / (float)head_dim + eps);
-        for (u32 e = lane; e < head_dim; e += 32) hb[e] = hb[e] * scale * w[e];
+#pragma unroll
+        for (u32 j = 0; j < PER_LANE; ++j) {
+            const u32 e = lane + 32 * j;
+            if (e < head_dim) hb[e] = hb[e] * scale * wv[j];
+        }
     }
     __syncwarp();
     // Partners come from the staged head, so the results can go straight out.

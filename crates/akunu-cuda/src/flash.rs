@@ -197,7 +197,9 @@ pub struct FlashArgs {
     /// u32 per token: absolute position and sequence.
     pub q_pos: u64,
     pub q_seq: u64,
-    /// u32 per sequence: keys stored, or 0 for `n_ctx` everywhere.
+    /// u32 per sequence: keys stored, or 0 for `n_ctx` everywhere. The decode kernel reads
+    /// these three before it waits for its predecessor: they must be written by an earlier
+    /// launch or copy, not by the kernel launched just before.
     pub kv_len: u64,
     pub causal: bool,
     pub window: Option<usize>,

@@ -79,7 +79,8 @@ pub struct QkRopeStore {
     pub n_rot: usize,
     /// `n_rot / 2` f32: the angle of pair i at position p is `p * inv_freq[i]`.
     pub inv_freq: u64,
-    /// `u32[m]` on the device: each token's position and sequence slot.
+    /// `u32[m]` on the device: each token's position and sequence slot. Read before the kernel
+    /// waits for its predecessor: written by an earlier launch or copy, not the one just before.
     pub positions: u64,
     pub slots: u64,
     /// The layer's cache, f16 bit patterns laid out `[slot][kv_head][position][dim]`.
