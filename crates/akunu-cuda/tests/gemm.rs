@@ -461,7 +461,6 @@ fn bad_arguments_are_refused() {
 #[test]
 #[ignore]
 fn gemm_throughput() {
-    use cudarc::driver::sys;
     let Some(g) = gpu() else { return };
     let types = [
         GgmlType::Q4_0,
@@ -481,29 +480,16 @@ fn gemm_throughput() {
     ];
     for &ty in &types {
         for &(rows, cols) in &shapes {
-            let src = random(rows * cols, 1.0, 7);
-            let mut bytes = vec![0u8; ty.bytes_for((rows * cols) as u64).unwrap() as usize];
-            akunu_quant::quantize(ty, &src, &mut bytes).unwrap();
-            let w = DeviceMatrix::upload(&g, ty, &bytes, rows, cols).unwrap();
+            let w = timing_matrix(&g, ty, rows, cols);
             let x = g.upload(&random(m * cols, 1.0, 8)).unwrap();
             let y = g.alloc(m * rows * 4).unwrap();
             gemm::prepare(&g, &k, x.ptr(), cols, m, cols, &scratch).unwrap();
             let mut line = format!("{ty:>5} m={m} {rows:>5}x{cols:<5}");
             for &tile in &tiles {
                 k.set_tile(tile);
-                let run = |n: usize| {
-                    for _ in 0..n {
-                        gemm::gemm_prepared(&g, &k, &w, &scratch, y.ptr(), rows, None).unwrap();
-                    }
-                };
-                run(3);
-                g.sync().unwrap();
-                let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-                let start = g.stream().record_event(flags).unwrap();
-                let reps = 20;
-                run(reps);
-                let end = g.stream().record_event(flags).unwrap();
-                let us = start.elapsed_ms(&end).unwrap() as f64 * 1e3 / reps as f64;
+                let us = launch_us(&g, || {
+                    gemm::gemm_prepared(&g, &k, &w, &scratch, y.ptr(), rows, None).unwrap()
+                });
                 let tflops = 2.0 * (m * rows * cols) as f64 / (us * 1e-6) / 1e12;
                 line += &format!("  {tile:?}: {us:>7.1} us {tflops:>5.0} TF/s");
             }
@@ -515,12 +501,7 @@ fn gemm_throughput() {
             let cols = 4096;
             let mats: Vec<DeviceMatrix> = rows
                 .iter()
-                .map(|&r| {
-                    let mut bytes = vec![0u8; ty.bytes_for((r * cols) as u64).unwrap() as usize];
-                    akunu_quant::quantize(ty, &random(r * cols, 1.0, r as u64), &mut bytes)
-                        .unwrap();
-                    DeviceMatrix::upload(&g, ty, &bytes, r, cols).unwrap()
-                })
+                .map(|&r| timing_matrix(&g, ty, r, cols))
                 .collect();
             let ys: Vec<DeviceBuffer> = rows.iter().map(|&r| g.alloc(m * r * 4).unwrap()).collect();
             let products: Vec<Product> = mats
@@ -537,25 +518,15 @@ fn gemm_throughput() {
             gemm::prepare(&g, &k, x.ptr(), cols, m, cols, &scratch).unwrap();
             let mut line = format!("{ty:>5} m={m} {rows:?}x{cols}");
             for (name, one_launch) in [("separate", false), ("one launch", true)] {
-                let run = |n: usize| {
-                    for _ in 0..n {
-                        if one_launch {
-                            gemm::gemm_many(&g, &k, &products, &scratch).unwrap();
-                        } else {
-                            for p in &products {
-                                gemm::gemm_many(&g, &k, std::slice::from_ref(p), &scratch).unwrap();
-                            }
+                let us = launch_us(&g, || {
+                    if one_launch {
+                        gemm::gemm_many(&g, &k, &products, &scratch).unwrap();
+                    } else {
+                        for p in &products {
+                            gemm::gemm_many(&g, &k, std::slice::from_ref(p), &scratch).unwrap();
                         }
                     }
-                };
-                run(3);
-                g.sync().unwrap();
-                let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-                let start = g.stream().record_event(flags).unwrap();
-                let reps = 20;
-                run(reps);
-                let end = g.stream().record_event(flags).unwrap();
-                let us = start.elapsed_ms(&end).unwrap() as f64 * 1e3 / reps as f64;
+                });
                 let flop = 2.0 * (m * rows.iter().sum::<usize>() * cols) as f64;
                 let tflops = flop / (us * 1e-6) / 1e12;
                 line += &format!("  {name}: {us:>7.1} us {tflops:>5.0} TF/s");
@@ -563,4 +534,28 @@ fn gemm_throughput() {
             println!("{line}");
         }
     }
+}
+
+/// Random weights, quantized (no host reference: for timing only).
+fn timing_matrix(g: &Gpu, ty: GgmlType, rows: usize, cols: usize) -> DeviceMatrix {
+    let mut bytes = vec![0u8; ty.bytes_for((rows * cols) as u64).unwrap() as usize];
+    akunu_quant::quantize(ty, &random(rows * cols, 1.0, rows as u64), &mut bytes).unwrap();
+    DeviceMatrix::upload(g, ty, &bytes, rows, cols).unwrap()
+}
+
+/// Mean µs of `launch` over 20 runs on the GPU's stream (events), after 3 untimed ones.
+fn launch_us(g: &Gpu, launch: impl Fn()) -> f64 {
+    use cudarc::driver::sys;
+    for _ in 0..3 {
+        launch();
+    }
+    g.sync().unwrap();
+    let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let start = g.stream().record_event(flags).unwrap();
+    let reps = 20;
+    for _ in 0..reps {
+        launch();
+    }
+    let end = g.stream().record_event(flags).unwrap();
+    start.elapsed_ms(&end).unwrap() as f64 * 1e3 / reps as f64
 }
