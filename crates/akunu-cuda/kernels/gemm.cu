@@ -53,7 +53,9 @@ __device__ __forceinline__ u32 splat_f16(float v) { return pack_f16x2(v, v); }
 #define F16_1024 0x64006400u
 __device__ __forceinline__ u32 magic_f16(u32 v2) { return v2 | F16_1024; }
 // Bytes 0 and 1 (lo = true) or 2 and 3 of w in the low byte of each half.
-__device__ __forceinline__ u32 byte_pair(u32 w, bool lo) { return __byte_perm(w, 0u, lo ? 0x4140u : 0x4342u); }
+__device__ __forceinline__ u32 byte_pair(u32 w, bool lo) {
+    return __byte_perm(w, 0u, lo ? 0x4140u : 0x4342u);
+}
 
 // One thread's weight group per step (32 elements of one row): `load` issues the global loads
 // (zeroing the scales of a group past the matrix, so it converts to zeros), `to_f16` turns the
@@ -196,7 +198,8 @@ struct WGroup {
             const u32 hi = (hw[k] >> (2 * p)) << 4;
 #pragma unroll
             for (int s = 0; s < 2; s++) {
-                const u32 q = (byte_pair(lo, s == 0) & 0x000F000Fu) | (byte_pair(hi, s == 0) & 0x00300030u);
+                const u32 q = (byte_pair(lo, s == 0) & 0x000F000Fu) |
+                              (byte_pair(hi, s == 0) & 0x00300030u);
                 h[2 * k + s] = hmul2(hsub2(magic_f16(q), 0x64206420u), d2[k >> 2]);  // 1024 + 32
             }
         }

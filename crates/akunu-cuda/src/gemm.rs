@@ -5,10 +5,12 @@
 //! f16 copy in a [`GemmScratch`] (each token row scaled by a power of two that keeps it inside
 //! f16's range), so products that share an input (q/k/v, gate/up) convert it once; then
 //! [`gemm_prepared`] runs one block per tile of 128 (or 64) tokens × 128 weight rows. A block
-//! dequantizes its weight rows 64 columns at a time into shared memory as f16, streams the activation tile in with `cp.async`, and multiplies with
-//! `mma.sync.m16n8k16` (f16 operands, f32 accumulation), double-buffered. [`gemm`] does both
-//! steps. Any `m ≥ 1`, any number of rows and any `cols` that is a multiple of 32 are handled;
-//! no launch allocates or synchronizes.
+//! dequantizes its weight rows 64 columns at a time into shared memory as f16, streams the
+//! activation tile in with `cp.async`, and multiplies with `mma.sync.m16n8k16` (f16 operands,
+//! f32 accumulation), double-buffered. [`gemm_many`] puts the tiles of up to three same-type
+//! matrices in one grid, so small products fill the SMs together. [`gemm`] does both steps.
+//! Any `m ≥ 1`, any number of rows and any `cols` that is a multiple of 32 are handled; no
+//! launch allocates or synchronizes.
 
 use std::sync::{Arc, Mutex};
 
