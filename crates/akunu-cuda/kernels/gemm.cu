@@ -81,7 +81,7 @@ struct WGroup {
         m = ok ? m : 0.0f;
     }
     // Elements 0..15 are the low nibbles of bytes 0..15, elements 16..31 the high nibbles.
-    __device__ __forceinline__ void to_f16(int, u32 (&h)[16]) const {
+    __device__ __forceinline__ void to_f16(u32 (&h)[16]) const {
         const u32 w[4] = {q.x, q.y, q.z, q.w};
         const u32 d2 = splat_f16(d);
 #if QTYPE == GGML_Q4_1
@@ -119,7 +119,7 @@ struct WGroup {
         d = ok ? d : 0.0f;
     }
     // A signed byte with its sign bit flipped is q + 128 in 0..255.
-    __device__ __forceinline__ void to_f16(int, u32 (&h)[16]) const {
+    __device__ __forceinline__ void to_f16(u32 (&h)[16]) const {
         const u32 w[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
         const u32 d2 = splat_f16(d);
 #pragma unroll
@@ -135,6 +135,7 @@ struct WGroup {
 struct WGroup {
     uint4 q0, q1;
     float dl, ml;
+    int shift;  // 4 for the high nibbles
     // Group g is sub-block j = g % 8 of its block: quant bytes 32 (j / 2).., the low nibbles
     // for even j; element = dl·q − ml.
     __device__ __forceinline__ void load(const QMatrix& mat, int row, int g, bool ok) {
@@ -148,10 +149,10 @@ struct WGroup {
         scale_min_k4(j, a.y, a.z, a.w, sc, mn);
         dl = ok ? f16_to_f32((u16)(a.x & 0xFFFFu)) * sc : 0.0f;
         ml = ok ? f16_to_f32((u16)(a.x >> 16)) * mn : 0.0f;
+        shift = 4 * (j & 1);
     }
-    __device__ __forceinline__ void to_f16(int g, u32 (&h)[16]) const {
+    __device__ __forceinline__ void to_f16(u32 (&h)[16]) const {
         const u32 w[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-        const int shift = 4 * (g & 1);
         const u32 d2 = splat_f16(dl), m2 = splat_f16(-ml);
 #pragma unroll
         for (int k = 0; k < 8; k++) {
@@ -168,11 +169,13 @@ struct WGroup {
 struct WGroup {
     uint4 l0, l1, h0, h1;
     float d0, d1;
+    int p;
     // Group g is part p = j % 4 of 128-element half n = j / 4 (j = g % 8): ql bytes
     // 64n + 32 (p & 1) (low nibbles for p < 2), qh bytes 128 + 32n at bit 2p, and one scale
     // per 16 elements; element = d·scale·(q − 32).
     __device__ __forceinline__ void load(const QMatrix& mat, int row, int g, bool ok) {
-        const int j = g & 7, n = j >> 2, p = j & 3;
+        const int j = g & 7, n = j >> 2;
+        p = j & 3;
         const size_t i = qblock(mat, row, g >> 3);
         const size_t nblocks = (size_t)mat.rows * (size_t)(mat.cols / QK);
         const u8* blk = mat.data + i * QB;
@@ -187,10 +190,10 @@ struct WGroup {
         d0 = ok ? d * (float)(i8)(sc & 0xFFu) : 0.0f;
         d1 = ok ? d * (float)(i8)(sc >> 8) : 0.0f;
     }
-    __device__ __forceinline__ void to_f16(int g, u32 (&h)[16]) const {
+    __device__ __forceinline__ void to_f16(u32 (&h)[16]) const {
         const u32 lw[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
         const u32 hw[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-        const int p = g & 3, lshift = 4 * (p >> 1);
+        const int lshift = 4 * (p >> 1);
         const u32 d2[2] = {splat_f16(d0), splat_f16(d1)};
 #pragma unroll
         for (int k = 0; k < 8; k++) {
@@ -216,7 +219,7 @@ struct WGroup {
             if (!ok) v[k] = make_uint4(0u, 0u, 0u, 0u);
         }
     }
-    __device__ __forceinline__ void to_f16(int, u32 (&h)[16]) const {
+    __device__ __forceinline__ void to_f16(u32 (&h)[16]) const {
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             h[4 * k] = v[k].x;
@@ -234,7 +237,7 @@ struct WGroup {
 #pragma unroll
         for (int i = 0; i < 32; ++i) v[i] = ok ? v[i] : 0.0f;
     }
-    __device__ __forceinline__ void to_f16(int, u32 (&h)[16]) const {
+    __device__ __forceinline__ void to_f16(u32 (&h)[16]) const {
 #pragma unroll
         for (int i = 0; i < 16; ++i) h[i] = pack_f16x2(v[2 * i], v[2 * i + 1]);
     }
@@ -333,16 +336,14 @@ __device__ __forceinline__ void gemm_tile(const u8* data, const u8* aux, int row
     // the matrix and groups past K load a valid group with zero scales.
     const int dr = tid >> 1, dg = tid & 1, wrow = n0 + dr;
     WGroup w;
-    int wg = 0;
 
     auto fetch_w = [&](int step) {
         const int g = step * 2 + dg;
-        wg = min(g, groups - 1);
-        w.load(q, min(wrow, rows - 1), wg, wrow < rows && g < groups);
+        w.load(q, min(wrow, rows - 1), min(g, groups - 1), wrow < rows && g < groups);
     };
     auto store_w = [&](int stage) {
         u32 h[16];
-        w.to_f16(wg, h);
+        w.to_f16(h);
         const u32 dst = base + stage * STAGE + X_BYTES;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
