@@ -648,17 +648,13 @@ impl CudaBackend {
                 let width = c.n_head * dv;
                 let fuse =
                     small && self.mm.quantizes() && flash.writes_int8(&queries, c.n_head, kvh);
-                let mut acts = self.acts.borrow_mut();
-                let args = FlashArgs {
-                    int8_out: fuse.then(|| acts.quantized_outputs(m, width)).transpose()?,
-                    ..args
-                };
                 let max_kv = window.map_or(n_ctx, |w| w.min(n_ctx));
-                flash.run(gpu, &args, queries, max_kv, scratch)?;
-                if fuse {
-                    acts.adopt(out, width, m, width);
-                }
-                Ok(())
+                self.acts
+                    .borrow_mut()
+                    .written_by(fuse, out, m, width, |int8_out| {
+                        let args = FlashArgs { int8_out, ..args };
+                        flash.run(gpu, &args, queries, max_kv, scratch)
+                    })
             }
             Step::ResidualNorm {
                 post,
@@ -669,25 +665,22 @@ impl CudaBackend {
                 // In decode the products that read the norm take its int8 form from here.
                 let normed = self.buf(Buf::Normed);
                 let fuse = small && !*select && self.mm.quantizes() && c.n_embd.is_multiple_of(32);
-                let mut acts = self.acts.borrow_mut();
-                let quantized = fuse
-                    .then(|| acts.quantized_outputs(m, c.n_embd))
-                    .transpose()?;
-                self.layers.add_rms_norm(
-                    gpu,
-                    self.buf(Buf::Residual),
-                    self.buf(Buf::Out),
-                    post.as_ref().map(|b| b.ptr()),
-                    next.ptr(),
-                    normed,
-                    m,
-                    c.n_embd,
-                    *eps,
-                    quantized,
-                )?;
-                if fuse {
-                    acts.adopt(normed, c.n_embd, m, c.n_embd);
-                }
+                self.acts
+                    .borrow_mut()
+                    .written_by(fuse, normed, m, c.n_embd, |quantized| {
+                        self.layers.add_rms_norm(
+                            gpu,
+                            self.buf(Buf::Residual),
+                            self.buf(Buf::Out),
+                            post.as_ref().map(|b| b.ptr()),
+                            next.ptr(),
+                            normed,
+                            m,
+                            c.n_embd,
+                            *eps,
+                            quantized,
+                        )
+                    })?;
                 if *select {
                     self.layers.gather_rows(
                         gpu,

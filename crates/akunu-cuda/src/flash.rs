@@ -217,8 +217,8 @@ pub struct FlashArgs {
     pub debug: u64,
     pub debug_steps: usize,
     /// (levels, sums): the outputs also in the GEMVs' int8 form (`kernels/actq.cuh`), a row of
-    /// `n_head * head_dim_v` per token, as [`crate::matmul::ActScratch::quantized_outputs`]
-    /// lays them out. Only where [`FlashKernels::writes_int8`] says so.
+    /// `n_head * head_dim_v` per token, as [`crate::matmul::ActScratch::written_by`] hands
+    /// them out. Only where [`FlashKernels::writes_int8`] says so.
     pub int8_out: Option<(u64, u64)>,
 }
 

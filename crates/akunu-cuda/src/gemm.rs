@@ -19,7 +19,7 @@ use akunu_quant::GgmlType;
 use bytemuck::{Pod, Zeroable};
 
 use crate::gpu::{Arg, DeviceBuffer, Gpu, Kernel};
-use crate::matmul::{DeviceMatrix, Product, MAX_PARTS};
+use crate::matmul::{for_each_launch, launch_type, DeviceMatrix, Product, MAX_PARTS};
 use crate::CudaError;
 
 /// Every weight type the GEMM kernels are compiled for.
@@ -294,17 +294,7 @@ pub fn gemm_many(
     products: &[Product],
     scratch: &GemmScratch,
 ) -> Result<(), CudaError> {
-    let mut rest = products;
-    while let Some(first) = rest.first() {
-        let n = rest
-            .iter()
-            .take(MAX_PARTS)
-            .take_while(|p| p.w.ty() == first.w.ty())
-            .count();
-        launch_gemm(gpu, k, &rest[..n], scratch)?;
-        rest = &rest[n..];
-    }
-    Ok(())
+    for_each_launch(products, MAX_PARTS, |run| launch_gemm(gpu, k, run, scratch))
 }
 
 #[repr(C)]
@@ -344,26 +334,13 @@ fn launch_gemm(
             "GEMM scratch holds no prepared input".into(),
         ));
     };
-    let Some(first) = products.first() else {
+    let Some(ty) = launch_type(products)? else {
         return Ok(());
     };
-    if products.len() > MAX_PARTS {
-        return Err(CudaError::Unsupported(format!(
-            "{} products in one launch: at most {MAX_PARTS}",
-            products.len()
-        )));
-    }
-    let ty = first.w.ty();
     let mut params = GemmParams::zeroed();
     let mut tiles = 0;
     for (part, p) in params.part.iter_mut().zip(products) {
         let rows = p.w.rows();
-        if p.w.ty() != ty {
-            return Err(CudaError::Unsupported(format!(
-                "{} and {ty} products in one launch",
-                p.w.ty()
-            )));
-        }
         if cols != p.w.cols() {
             return Err(CudaError::Bounds(format!(
                 "prepared input has {cols} columns, the matrix {}",

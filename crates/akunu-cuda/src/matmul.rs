@@ -10,15 +10,15 @@
 //! - [`ActScratch::prepare`] quantizes an input once to int8 per 32 values with per-group
 //!   scales and level sums (the `q8_1` idea, `kernels/actq.cuh`), and every product of that
 //!   input (q, k and v; gate and up) reuses it. In decode the fused residual add + RMSNorm
-//!   writes that form itself ([`ActScratch::adopt`]), so the products after it launch no
-//!   quantizer.
+//!   and the attention write that form themselves ([`ActScratch::written_by`]), so the
+//!   products after them launch no quantizer.
 //! - [`gemv`] multiplies with `__dp4a` (four int8 products per instruction) so that one weight
 //!   read serves all m tokens at the speed of memory; F32, F16 and BF16 weights use the f32
 //!   inputs. [`gemv_many`] runs up to three products of one input (q, k and v) in one launch,
 //!   so the small ones do not each pay a launch and a ramp. [`gemv_gated`] computes
 //!   `act(gate·x) * (up·x)` in one launch. [`embed`] gathers dequantized rows.
 //! - A launch gives each row group (one warp's rows) several warps, each taking a share of the
-//!   row's columns, when its matrices have too few rows to fill the GPU (see [`ksplit`]).
+//!   row's columns, when its matrices have too few rows to fill the GPU (see `ksplit`).
 //! - [`MatmulKernels`] resolves every kernel of the weight types in use once; launches only pass
 //!   pointers and sizes, so they can be captured in a CUDA graph.
 
@@ -427,7 +427,7 @@ pub struct ActScratch {
     m: usize,
     cols: usize,
     quantized: bool,
-    /// An input another kernel quantized into the scratch ([`ActScratch::adopt`]): the next
+    /// An input another kernel quantized into the scratch ([`ActScratch::written_by`]): the next
     /// `prepare` of exactly that input launches nothing.
     adopted: Option<(u64, usize, usize, usize)>,
 }
@@ -473,19 +473,25 @@ impl ActScratch {
         Ok(())
     }
 
-    /// Where a kernel other than the quantizer may write the int8 form of `m` rows of `cols`
-    /// values (the format of `kernels/actq.cuh`): the levels' and the sums' device addresses.
-    /// [`ActScratch::adopt`] then records what it wrote.
-    pub fn quantized_outputs(&self, m: usize, cols: usize) -> Result<(u64, u64), CudaError> {
+    /// Enqueues `launch`, a kernel that writes the dense `m × cols` input `x` of the next
+    /// products. With `fuse` it gets where to write the int8 form of `x` as well (levels and
+    /// sums, the format of `kernels/actq.cuh`), and the next `prepare` of exactly that input
+    /// launches nothing; without, it gets `None`.
+    pub fn written_by(
+        &mut self,
+        fuse: bool,
+        x: u64,
+        m: usize,
+        cols: usize,
+        launch: impl FnOnce(Option<(u64, u64)>) -> Result<(), CudaError>,
+    ) -> Result<(), CudaError> {
+        if !fuse {
+            return launch(None);
+        }
         self.check_shape(m, cols)?;
-        Ok((self.q.ptr(), self.s.ptr()))
-    }
-
-    /// Records that a kernel launched since the last `prepare` wrote the int8 form of the input
-    /// `x` (as [`ActScratch::prepare`] takes it) to [`ActScratch::quantized_outputs`], so the
-    /// next `prepare` of that same input only checks its arguments.
-    pub fn adopt(&mut self, x: u64, x_stride: usize, m: usize, cols: usize) {
-        self.adopted = Some((x, x_stride, m, cols));
+        launch(Some((self.q.ptr(), self.s.ptr())))?;
+        self.adopted = Some((x, cols, m, cols));
+        Ok(())
     }
 
     /// Prepares `m` rows of `cols` f32 values at device address `x`, `x_stride` floats apart,
@@ -614,8 +620,51 @@ pub struct Product<'a> {
     pub bias: Option<u64>,
 }
 
-/// Most products one [`gemv_many`] launch takes (`GemvParams` in `kernels/gemv.cu`).
+/// Most products one multi-matrix launch takes (`GemvParams` in `kernels/gemv.cu`,
+/// `GemmParams` in `kernels/gemm.cu`).
 pub const MAX_PARTS: usize = 3;
+
+/// The weight type every product of one multi-matrix launch shares (`None` for no products);
+/// refuses more than [`MAX_PARTS`] products or mixed types.
+pub(crate) fn launch_type(parts: &[Product]) -> Result<Option<GgmlType>, CudaError> {
+    let Some(first) = parts.first() else {
+        return Ok(None);
+    };
+    if parts.len() > MAX_PARTS {
+        return Err(CudaError::Unsupported(format!(
+            "{} products in one launch: at most {MAX_PARTS}",
+            parts.len()
+        )));
+    }
+    let ty = first.w.ty;
+    if let Some(p) = parts.iter().find(|p| p.w.ty != ty) {
+        return Err(CudaError::Unsupported(format!(
+            "{} and {ty} products in one launch",
+            p.w.ty
+        )));
+    }
+    Ok(Some(ty))
+}
+
+/// Calls `launch` on each run of `parts` with one weight type, at most `max` (≤
+/// [`MAX_PARTS`]) products long, in order.
+pub(crate) fn for_each_launch(
+    parts: &[Product],
+    max: usize,
+    mut launch: impl FnMut(&[Product]) -> Result<(), CudaError>,
+) -> Result<(), CudaError> {
+    let mut rest = parts;
+    while let Some(first) = rest.first() {
+        let n = rest
+            .iter()
+            .take(max.clamp(1, MAX_PARTS))
+            .take_while(|p| p.w.ty == first.w.ty)
+            .count();
+        launch(&rest[..n])?;
+        rest = &rest[n..];
+    }
+    Ok(())
+}
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -657,16 +706,9 @@ fn launch_gemv(
     m: usize,
     mode: i32,
 ) -> Result<(), CudaError> {
-    let Some(first) = parts.first() else {
+    let Some(ty) = launch_type(parts)? else {
         return Ok(());
     };
-    if parts.len() > MAX_PARTS {
-        return Err(CudaError::Unsupported(format!(
-            "{} products in one launch: at most {MAX_PARTS}",
-            parts.len()
-        )));
-    }
-    let ty = first.w.ty;
     let tk = k.of(ty)?;
     let v = variant(m);
     let nr = rows_per_warp(ty, M_VARIANTS[v]);
@@ -674,12 +716,6 @@ fn launch_gemv(
     let mut params = GemvParams::zeroed();
     let mut groups = 0;
     for (i, p) in parts.iter().enumerate() {
-        if p.w.ty != ty {
-            return Err(CudaError::Unsupported(format!(
-                "{} and {ty} products in one launch",
-                p.w.ty
-            )));
-        }
         check_output("gemv output", p.y, p.y_stride, p.w.rows, m)?;
         if p.bias == Some(0) {
             return Err(CudaError::Bounds("a null bias pointer".into()));
@@ -698,14 +734,15 @@ fn launch_gemv(
         };
         groups += p.w.rows.div_ceil(nr);
     }
-    let ks = ksplit(ty, M_VARIANTS[v], groups, first.w.cols, warps, k.fill_warps);
+    let cols = parts[0].w.cols;
+    let ks = ksplit(ty, M_VARIANTS[v], groups, cols, warps, k.fill_warps);
     let rows_per_block = warps / ks * nr;
     let mut blocks = 0;
     for (part, p) in params.part.iter_mut().zip(parts) {
         part.first_block = blocks as i32;
         blocks += p.w.rows.div_ceil(rows_per_block);
     }
-    params.cols = first.w.cols as i32;
+    params.cols = cols as i32;
     params.m = m as i32;
     params.mode = mode;
     params.ksplit = ks as i32;
@@ -752,17 +789,7 @@ pub fn gemv_many(
     acts: &ActScratch,
     m: usize,
 ) -> Result<(), CudaError> {
-    let mut rest = parts;
-    while let Some(first) = rest.first() {
-        let n = rest
-            .iter()
-            .take(k.parts)
-            .take_while(|p| p.w.ty == first.w.ty)
-            .count();
-        launch_gemv(gpu, k, &rest[..n], acts, m, 0)?;
-        rest = &rest[n..];
-    }
-    Ok(())
+    for_each_launch(parts, k.parts, |run| launch_gemv(gpu, k, run, acts, m, 0))
 }
 
 /// `out[t*out_stride + r] = act(gate_r·x[t]) * (up_r·x[t])` for the first `m` prepared input
