@@ -339,7 +339,7 @@ impl MatmulKernels {
             quantize,
             warps: 0,
             fill_warps: 0,
-            parts: gpu.chip.gemv_parts.clamp(1, MAX_PARTS),
+            parts: gpu.chip.gemv_parts,
             early: gpu.chip.gemv_early_loads,
         };
         let fill = gpu.chip.sm_count * gpu.chip.gemv_fill_warps;
