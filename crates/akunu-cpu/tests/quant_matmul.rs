@@ -4,7 +4,7 @@
 use akunu_cpu::quant::{
     dequantize_row, matmul_with, Activations, MatmulError, SimdLevel, WeightMatrix,
 };
-use akunu_quant::{BlockQ8_K, GgmlType};
+use akunu_quant::GgmlType;
 use half::f16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -73,24 +73,21 @@ fn f16_fields(ty: GgmlType) -> Vec<usize> {
     }
 }
 
-/// The activations as the kernels see them: ggml's Q8_0 (x86 rounding: `id = 127/amax`, half to
-/// even, `f16` scale) or Q8_K (`akunu-quant`'s reference), dequantized; `f32` for float weights.
+/// The activations as the kernels see them, dequantized: blocks of 32 with `id = 127/amax` and
+/// levels rounded half to even, the scale `amax/127` rounded to `f16` as ggml's Q8_0 for the
+/// legacy types and kept in `f32` for the k-quants; `f32` for float weights.
 fn seen_activations(ty: GgmlType, x: &[f32]) -> Vec<f32> {
     use GgmlType as T;
     match ty {
         T::F32 | T::F16 | T::BF16 => x.to_vec(),
-        T::Q2_K | T::Q3_K | T::Q4_K | T::Q5_K | T::Q6_K | T::IQ4_XS => x
-            .chunks_exact(256)
-            .flat_map(|c| {
-                let b = BlockQ8_K::quantize(c.try_into().unwrap());
-                b.qs.map(|q| b.d.get() * f32::from(q))
-            })
-            .collect(),
         _ => x
             .chunks_exact(32)
             .flat_map(|c| {
                 let amax = c.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-                let d = f16::from_f32(amax / 127.0).to_f32();
+                let d = match ty {
+                    T::Q2_K | T::Q3_K | T::Q4_K | T::Q5_K | T::Q6_K | T::IQ4_XS => amax / 127.0,
+                    _ => f16::from_f32(amax / 127.0).to_f32(),
+                };
                 let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
                 c.iter()
                     .map(move |&v| d * (v * id).round_ties_even())

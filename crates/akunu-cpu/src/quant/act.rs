@@ -1,10 +1,11 @@
 //! Activation rows quantized once per product, in the form the weight type's dot product wants.
 //!
-//! Levels follow ggml exactly, so that products track llama.cpp's: Q8_0 as its x86
-//! `quantize_row_q8_0` (`id = 127/amax`, round half to even, the `f16`-rounded scale used in the
-//! dot product) and Q8_K as `quantize_row_q8_K_ref` (the signed extreme maps to −127, `f32`
-//! scale). Per group of 16 or 32 levels the scale `sx`, the level sum `Σq` and `s = sx·Σq` are
-//! kept for the offset and min corrections of [`super::decode`]. Each row is quantized on its
+//! The legacy types' levels follow ggml exactly, so that products track llama.cpp's: Q8_0 as its
+//! x86 `quantize_row_q8_0` (`id = 127/amax`, round half to even, the `f16`-rounded scale used in
+//! the dot product). The k-quants take the same 32-element blocks with the scale kept in `f32`
+//! rather than ggml's Q8_K (one scale per 256), see [`ActFormat::Q8_0F32`]. Per group of 16 or
+//! 32 levels the scale `sx`, the level sum `Σq` and `s = sx·Σq` are kept for the offset and min
+//! corrections of [`super::decode`]. Each row is quantized on its
 //! own, so a token's levels do not depend on the other rows of the batch.
 
 use akunu_quant::{blocks::F16Le, GgmlType};
@@ -80,7 +81,7 @@ impl Activations {
     ///
     /// # Panics
     /// If `x.len() != m·k`, or if `k` is not a whole number of the activation blocks the type
-    /// uses (32 elements, 256 for the k-quants and IQ4_XS); a weight matrix of that type with `k`
+    /// uses (32 elements); a weight matrix of that type with `k`
     /// columns cannot exist. Types without a kernel are prepared as `f32` and refused by
     /// [`super::matmul`].
     pub fn quantize_for(&mut self, ty: GgmlType, x: &[f32], m: usize, k: usize) {
@@ -98,10 +99,7 @@ impl Activations {
             self.f.extend_from_slice(x);
             return;
         };
-        let block = match format {
-            ActFormat::Q8_0 => 32,
-            ActFormat::Q8K => 256,
-        };
+        let block = 32;
         assert!(
             k.is_multiple_of(block),
             "activations: k = {k} is not a multiple of {block} ({ty})"
@@ -126,7 +124,7 @@ impl Activations {
             .for_each(|((((x, q), sx), xsum), s)| {
                 match format {
                     ActFormat::Q8_0 => quantize_row_q8_0(x, q, sx),
-                    ActFormat::Q8K => quantize_row_q8_k(x, q, group, sx),
+                    ActFormat::Q8_0F32 => quantize_row_q8_0f32(x, q, group, sx),
                 }
                 for (((q, sx), xsum), s) in q.chunks_exact(group).zip(sx).zip(xsum).zip(s) {
                     let sum: i32 = q.iter().map(|&v| i32::from(v)).sum();
@@ -159,38 +157,27 @@ fn quantize_row_q8_0(x: &[f32], q: &mut [i8], sx: &mut [f32]) {
     }
 }
 
-/// One row as Q8_K super-blocks, the scale repeated for each `group` (16 or 32) levels.
-fn quantize_row_q8_k(x: &[f32], q: &mut [i8], group: usize, sx: &mut [f32]) {
-    let per = 256 / group;
+/// One row in 32-element blocks with an `f32` scale, repeated for each `group` (16 or 32)
+/// levels.
+fn quantize_row_q8_0f32(x: &[f32], q: &mut [i8], group: usize, sx: &mut [f32]) {
+    let per = 32 / group;
     for ((x, q), sx) in x
-        .chunks_exact(256)
-        .zip(q.chunks_exact_mut(256))
+        .chunks_exact(32)
+        .zip(q.chunks_exact_mut(32))
         .zip(sx.chunks_exact_mut(per))
     {
-        let (mut max, mut amax) = (0.0f32, 0.0f32);
-        for &v in x {
-            if v.abs() > amax {
-                amax = v.abs();
-                max = v;
-            }
-        }
-        if amax == 0.0 {
-            q.fill(0);
-            sx.fill(0.0);
-            continue;
-        }
-        let iscale = -127.0 / max;
+        let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         for (q, &v) in q.iter_mut().zip(x) {
-            *q = round_half_even(iscale * v).min(127) as i8;
+            *q = round_half_even(v * id) as i8;
         }
-        sx.fill(1.0 / iscale);
+        sx.fill(amax / 127.0);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use akunu_quant::BlockQ8_K;
 
     fn data(n: usize) -> Vec<f32> {
         let mut s = 12345u32;
@@ -204,20 +191,30 @@ mod tests {
             .collect()
     }
 
+    /// Every 32 values get their own scale, so a large value leaves the small ones of the
+    /// next block intact (Q8_K's single scale per 256 would round them to zero).
     #[test]
-    fn q8_k_matches_reference_bit_for_bit() {
-        let x = data(512);
+    fn k_quant_blocks_have_their_own_f32_scale() {
+        let mut x = data(512);
+        x[3] = 1000.0;
         let mut a = Activations::new();
         a.quantize_for(GgmlType::Q6_K, &x, 1, 512);
-        for (blk, xs) in x.chunks_exact(256).enumerate() {
-            let r = BlockQ8_K::quantize(xs.try_into().unwrap());
-            assert_eq!(&a.q[256 * blk..256 * blk + 256], &r.qs);
-            for j in 0..16 {
-                assert_eq!(a.sx[16 * blk + j], r.d.get());
-                assert_eq!(a.xsum[16 * blk + j], f32::from(r.bsums[j].get()));
-                assert_eq!(a.s[16 * blk + j], r.d.get() * f32::from(r.bsums[j].get()));
+        assert_eq!(a.sx.len(), 32);
+        for (b, xs) in x.chunks_exact(32).enumerate() {
+            let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            for j in 0..2 {
+                let g = 2 * b + j;
+                assert_eq!(a.sx[g], amax / 127.0);
+                let levels = &a.q[16 * g..16 * g + 16];
+                for (&l, &v) in levels.iter().zip(&xs[16 * j..16 * j + 16]) {
+                    assert_eq!(l, (v * (127.0 / amax)).round_ties_even() as i8);
+                }
+                let sum: i32 = levels.iter().map(|&v| i32::from(v)).sum();
+                assert_eq!(a.xsum[g], sum as f32);
+                assert_eq!(a.s[g], a.sx[g] * sum as f32);
             }
         }
+        assert!(a.q[32..].iter().any(|&l| l.unsigned_abs() > 60));
     }
 
     #[test]

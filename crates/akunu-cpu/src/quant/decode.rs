@@ -23,8 +23,12 @@ use bytemuck::Pod;
 pub(crate) enum ActFormat {
     /// 32-element blocks with an `f16` scale, ggml's `quantize_row_q8_0`.
     Q8_0,
-    /// 256-element blocks with an `f32` scale, ggml's `quantize_row_q8_K`.
-    Q8K,
+    /// 32-element blocks with an `f32` scale (the GPU backend's format), for the k-quants.
+    /// ggml pairs them with Q8_K, one scale per 256 elements; on a model whose residual stream
+    /// has a few channels orders of magnitude above the rest (Gemma 3) that scale rounds the
+    /// small channels of a block away, which moved Gemma 3 270M's perplexity 0.6 % from exact
+    /// arithmetic where per-32 scales leave 0.03 % (`docs/perf/2026-11-22-activation-blocks.md`).
+    Q8_0F32,
 }
 
 /// A quantized weight format as the kernels see it.
@@ -226,7 +230,7 @@ impl Format for Q2_K {
     const BLOCK: usize = 256;
     const BYTES: usize = 84;
     const GROUP: usize = 16;
-    const ACT: ActFormat = ActFormat::Q8K;
+    const ACT: ActFormat = ActFormat::Q8_0F32;
     const OFF: u8 = 0;
     const HAS_MIN: bool = true;
     #[inline(always)]
@@ -247,7 +251,7 @@ impl Format for Q3_K {
     const BLOCK: usize = 256;
     const BYTES: usize = 110;
     const GROUP: usize = 16;
-    const ACT: ActFormat = ActFormat::Q8K;
+    const ACT: ActFormat = ActFormat::Q8_0F32;
     const OFF: u8 = 4;
     #[inline(always)]
     fn decode(block: &[u8], q: &mut [u8], sw: &mut [f32], _mw: &mut [f32]) {
@@ -300,7 +304,7 @@ impl Format for Q4_K {
     const BLOCK: usize = 256;
     const BYTES: usize = 144;
     const GROUP: usize = 32;
-    const ACT: ActFormat = ActFormat::Q8K;
+    const ACT: ActFormat = ActFormat::Q8_0F32;
     const OFF: u8 = 0;
     const HAS_MIN: bool = true;
     #[inline(always)]
@@ -316,7 +320,7 @@ impl Format for Q5_K {
     const BLOCK: usize = 256;
     const BYTES: usize = 176;
     const GROUP: usize = 32;
-    const ACT: ActFormat = ActFormat::Q8K;
+    const ACT: ActFormat = ActFormat::Q8_0F32;
     const OFF: u8 = 0;
     const HAS_MIN: bool = true;
     #[inline(always)]
@@ -336,7 +340,7 @@ impl Format for Q6_K {
     const BLOCK: usize = 256;
     const BYTES: usize = 210;
     const GROUP: usize = 16;
-    const ACT: ActFormat = ActFormat::Q8K;
+    const ACT: ActFormat = ActFormat::Q8_0F32;
     const OFF: u8 = 32;
     #[inline(always)]
     fn decode(block: &[u8], q: &mut [u8], sw: &mut [f32], _mw: &mut [f32]) {
@@ -364,7 +368,7 @@ impl Format for IQ4_XS {
     const BLOCK: usize = 256;
     const BYTES: usize = 136;
     const GROUP: usize = 32;
-    const ACT: ActFormat = ActFormat::Q8K;
+    const ACT: ActFormat = ActFormat::Q8_0F32;
     const OFF: u8 = 128;
     const WIDE: bool = true;
     #[inline(always)]

@@ -4,8 +4,10 @@
 //! [`Activations`]; `out` is (m, rows) with a row stride `ldo ≥ rows`.
 //!
 //! Plan:
-//! - Activations are quantized as ggml does (Q8_0 for the 32-element types, Q8_K for the
-//!   k-quants and IQ4_XS), keeping per group the scale and the scaled level sum (`act`).
+//! - Activations are quantized to int8 in blocks of 32: as ggml's Q8_0 for the 32-element
+//!   types, with an `f32` scale for the k-quants and IQ4_XS (ggml's Q8_K, one scale per 256,
+//!   loses too much on models with outlier channels), keeping per group the scale and the
+//!   scaled level sum (`act`).
 //! - Every weight block decodes to unsigned levels with `w = sw·q + c` per group (`decode`), so
 //!   one unsigned×signed byte product serves every type.
 //! - Large `m` (`gemm`): 16 weight rows are decoded once into a panel interleaved four bytes
