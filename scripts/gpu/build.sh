@@ -23,6 +23,7 @@ for line in sys.stdin:
 strip "$out"/bin/*
 refdata=${AKUNU_REFDATA:-.refdata}
 cp "$refdata"/engine/tiny/*.gguf "$out/tiny/"
+cp "$refdata"/engine/corpus/ppl.txt "$out/"
 shared=$(realpath ../shared 2>/dev/null || true)
 if [ -d "$shared/bench" ]; then cp "$shared"/bench/synth_gguf.py "$shared"/bench/llamacpp-peer.sh "$out/"; fi
 if [ -f .peer/llama.cpp.tar.xz ]; then cp .peer/llama.cpp.tar.xz "$out/"; fi

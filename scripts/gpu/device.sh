@@ -3,7 +3,9 @@
 # kernel tests, the whole-model checks against the CPU backend, compute-sanitizer,
 # `akunu bench` beside llama.cpp on identical synthetic models, and our attention kernels beside
 # PyTorch's (flash_bench.py). Logs go to $OUT; the last lines printed are the summary table.
-#   GPU_STAGES="tests sanitize e2e profile bench flash gemv gemm ncu ncu-gemm ncu-decode" (default: the first six)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
+#   GPU_STAGES="tests sanitize e2e profile bench flash agree gemv gemm ncu ncu-gemm ncu-decode" (default: the first six)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
+#   GPU_REAL_MODEL=/path/to/gemma-3-270m-q4_k_m.gguf (stage agree: that file's logits, greedy
+#   tokens and perplexity on .gpu/ppl.txt, GPU against the CPU backend)
 #   GPU_TESTS="test-flash test-backend" (default: every test executable)
 #   GPU_SANITIZE_TESTS="test-matmul" GPU_SANITIZE_FILTER="gated_product" (test-name filter)
 set -uo pipefail
@@ -59,6 +61,13 @@ if [[ $stages == *e2e* ]]; then
     AKUNU_GPU_MODELS=$small "$B/test-backend" --test-threads 1 > "$LOGS/e2e-synthetic.log" 2>&1
     row "e2e synthetic models vs CPU: $([ $? = 0 ] && echo pass || echo FAIL)"
   fi
+fi
+if [[ $stages == *agree* ]]; then
+  m=${GPU_REAL_MODEL:?stage agree needs GPU_REAL_MODEL}
+  AKUNU_GPU_MODELS=$m "$B/test-backend" --test-threads 1 --nocapture > "$LOGS/agree-test-backend.log" 2>&1
+  rc=$?; row "e2e $(basename "$m") vs CPU: $([ $rc = 0 ] && echo pass || echo FAIL)"
+  ppl() { "$B/akunu" perplexity -m "$m" -f "$G/ppl.txt" -c 512 --chunks 5 "$@" 2>/dev/null | grep -o 'PPL = [0-9.]*' | cut -d' ' -f3; }
+  row "perplexity $(basename "$m") -c 512: CPU $(ppl --n-gpu-layers 0 -t 16), GPU $(ppl), GPU -b 16 $(ppl -b 16)"
 fi
 if [[ $stages == *profile* ]]; then
   wait $synth_pid
