@@ -724,10 +724,14 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
     tile_rows<BM, THREADS>(p, t0, 1, kv_len, row_tok, row_head, block_range);
     __syncthreads();
     // The launch's split count suits the longest context it may see (a captured graph replays
-    // it as the context grows); a block's token uses as many splits as give each at least two
-    // steps per warp. The blocks past them leave at once and the merge waits for no more.
-    constexpr u32 MIN_SPLIT_KEYS = 2 * DEC_WARPS * DEC_KEYS;
-    const u32 n_split = max(1u, min(p.n_split, (block_range[1] - block_range[0]) / MIN_SPLIT_KEYS));
+    // it as the context grows); a block's token uses up to eight splits of at least two steps
+    // per warp, and past that splits of at least four: more, shorter splits cost more in the
+    // merge than they save (docs/perf/2026-11-22-decode-splits.md). The blocks past them leave
+    // at once and the merge waits for no more.
+    constexpr u32 STEP_KEYS = DEC_WARPS * DEC_KEYS;
+    const u32 keys = block_range[1] - block_range[0];
+    const u32 by_keys = max(min(keys / (2 * STEP_KEYS), 8u), keys / (4 * STEP_KEYS));
+    const u32 n_split = max(1u, min(p.n_split, by_keys));
     if (blockIdx.z >= n_split) return;
     u32 kb, ke;
     split_slice(n_split, block_range[0], block_range[1], DEC_WARPS * DEC_KEYS, kb, ke);
