@@ -546,14 +546,16 @@ __device__ void merge_splits(const FlashParams& p, u32 n_split, const int* row_t
     for (int i = tid; i < BM * C4; i += THREADS) {
         const int r = i / C4, c = (i % C4) * 4;
         // Padding rows compute on token 0's row and store nothing: the int8 form needs every
-        // lane of the warp.
+        // lane of the warp. A warp with no valid row skips (with GQA groups smaller than the
+        // tile most rows are padding, and each pass of this loop is a round trip per split).
         const bool valid = row_tok[r] >= 0;
+        if (!__any_sync(0xffffffffu, valid)) continue;
         const int t = valid ? row_tok[r] : 0;
         const int h = row_head[r];
         const u64 row = (u64)t * p.n_head + h;
         float mx = FLASH_NEG_INF, sum = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
         // Branch-free, so the unrolled iterations' loads issue together.
-#pragma unroll 4
+#pragma unroll 8
         for (u32 z = 0; z < n_split; ++z) {
             const float x = ldcg(p.part_lse + z * stride + row);
             float v[4];
