@@ -2,7 +2,7 @@
 //!
 //! Plan: at creation, upload every weight the plan uses (matrices still quantized, norm
 //! weights, biases and RoPE tables as f32), allocate the activation rows for the largest batch,
-//! the f16 KV cache of every slot and the logits, and lower the op list to [`Step`]s, fusing
+//! the f16 KV cache of every slot and the logits, and lower the op list to `Step`s, fusing
 //! what the plan spells out as several ops:
 //! - q/k/v (and any products of one input) share one activation preparation;
 //! - gate and up with the gated activation are one kernel for decode-sized batches;
@@ -14,8 +14,8 @@
 //! pass depend only on its token and output counts. Passes of decode size (at most
 //! `gemv_max_m` tokens) are captured once per (tokens, outputs) shape as a CUDA graph and
 //! replayed, their kernels joined by programmatic dependent launch on Hopper (each kernel is
-//! scheduled while its predecessor drains). Chain decode ([`CudaBackend::decode_chain`]) replays the one-token graph with the
-//! next token chosen on the device, reading tokens back once per chain.
+//! scheduled while its predecessor drains). Chain decode (`Backend::greedy_chain`) replays the
+//! one-token graph with the next token chosen on the device, reading tokens back once per chain.
 
 use std::cell::RefCell;
 use std::collections::HashMap;

@@ -141,8 +141,8 @@ impl FlashConfig {
         }
     }
 
-    /// Floats per step of the debug dump: scores and probabilities [16][keys], running max and
-    /// sum [16], unnormalised output [16][head_dim_v].
+    /// Floats per step of the debug dump: scores and probabilities `[16][keys]`, running max
+    /// and sum `[16]`, unnormalised output `[16][head_dim_v]`.
     pub fn debug_step_floats(&self, decode: bool) -> usize {
         2 * 16 * self.keys_per_step(decode) + 32 + 16 * self.head_dim_v
     }

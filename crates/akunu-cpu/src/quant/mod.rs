@@ -26,7 +26,7 @@
 //! fixed order:
 //! - per group, the integer `Σ(q − OFF)·x`, exact (in `i32`, and in `f32` below 2²⁴), however a
 //!   kernel forms it;
-//! - x86 levels: group `g` of 32-element chunk `c` goes to accumulator `c mod 8` ([`SLOTS`]):
+//! - x86 levels: group `g` of 32-element chunk `c` goes to accumulator `c mod 8` (`SLOTS`):
 //!   `acc = fma(Σ(q − OFF)·x, sw·sx, acc)`, then `acc = fma(mw, s, acc)` for the formats with a
 //!   min, in group order within an accumulator; the result is `a0 + a1 + … + a7`, added in
 //!   that order. `gemm` holds a row per lane and goes through the accumulators one after the
