@@ -736,12 +736,12 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
     const u32 n_split = max(1u, min(p.n_split, by_keys));
     if (blockIdx.z >= n_split) return;
     u32 kb, ke;
-    split_slice(n_split, block_range[0], block_range[1], DEC_WARPS * DEC_KEYS, kb, ke);
+    split_slice(n_split, block_range[0], block_range[1], STEP_KEYS, kb, ke);
 #ifdef FLASH_DEBUG
     // Every key to the first warp, so its dump is the state over consecutive steps.
     const u32 wb = warp == 0 ? kb : ke, we = ke;
 #else
-    const u32 per_warp = (ke - kb + DEC_WARPS * DEC_KEYS - 1) / (DEC_WARPS * DEC_KEYS) * DEC_KEYS;
+    const u32 per_warp = (ke - kb + STEP_KEYS - 1) / STEP_KEYS * DEC_KEYS;
     const u32 wb = min(ke, kb + warp * per_warp), we = min(ke, wb + per_warp);
 #endif
     const int steps = (int)((we - wb + DEC_KEYS - 1) / DEC_KEYS);

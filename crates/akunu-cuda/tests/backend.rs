@@ -3,11 +3,11 @@
 //! (colon-separated paths: the default model, the synthetic benchmark models).
 //!
 //! The tiny models read random token ids. Listed models with a real vocabulary read English
-//! text, tokenized by their own tokenizer, as they would in use: on random ids a real model can sit where
-//! its logits are ill-conditioned. Gemma 3 270M's logits move by 0.14 to 0.28 of their spread
-//! between exact arithmetic and ideal int8 activations on random ids, and by 0.02 to 0.03 on
-//! text (`scripts/ref/f64_forward.py`; `docs/perf/2026-11-22-activation-blocks.md`), so only
-//! text leaves a bound that tells a defect from rounding.
+//! text, tokenized by their own tokenizer, as they would in use: on random ids a real model can
+//! sit where its logits are ill-conditioned. Gemma 3 270M's logits move by 0.14 to 0.28 of their
+//! spread between exact arithmetic and ideal int8 activations on random ids, and by 0.02 to
+//! 0.03 on text (`scripts/ref/f64_forward.py`; `docs/perf/2026-11-22-activation-blocks.md`),
+//! so only text leaves a bound that tells a defect from rounding.
 //!
 //! Checked: the logits of a prompt and of batched decode steps (several slots in one pass)
 //! within the error that int8-quantized activations allow (the same metric and bound as the

@@ -5,13 +5,16 @@
 //! the dot product). The k-quants take the same 32-element blocks with the scale kept in `f32`
 //! rather than ggml's Q8_K (one scale per 256), see [`ActFormat::Q8_0F32`]. Per group of 16 or
 //! 32 levels the scale `sx`, the level sum `Σq` and `s = sx·Σq` are kept for the offset and min
-//! corrections of [`super::decode`]. Each row is quantized on its
-//! own, so a token's levels do not depend on the other rows of the batch.
+//! corrections of [`super::decode`]. Each row is quantized on its own, so a token's levels do
+//! not depend on the other rows of the batch.
 
 use akunu_quant::{blocks::F16Le, GgmlType};
 use rayon::prelude::*;
 
 use super::decode::{act_layout, ActFormat};
+
+/// Values per activation block, every format.
+const BLOCK: usize = 32;
 
 /// Rows with at least this many elements in all are quantized in parallel.
 const PAR_MIN_ELEMS: usize = 1 << 16;
@@ -80,9 +83,8 @@ impl Activations {
     /// Converts `x` (`m` rows of `k`, row-major) for products with weights of type `ty`.
     ///
     /// # Panics
-    /// If `x.len() != m·k`, or if `k` is not a whole number of the activation blocks the type
-    /// uses (32 elements); a weight matrix of that type with `k`
-    /// columns cannot exist. Types without a kernel are prepared as `f32` and refused by
+    /// If `x.len() != m·k`, or if `k` is not a whole number of activation blocks (32
+    /// elements); a weight matrix of a quantized type with `k` columns cannot exist. Types without a kernel are prepared as `f32` and refused by
     /// [`super::matmul`].
     pub fn quantize_for(&mut self, ty: GgmlType, x: &[f32], m: usize, k: usize) {
         assert_eq!(
@@ -99,10 +101,9 @@ impl Activations {
             self.f.extend_from_slice(x);
             return;
         };
-        let block = 32;
         assert!(
-            k.is_multiple_of(block),
-            "activations: k = {k} is not a multiple of {block} ({ty})"
+            k.is_multiple_of(BLOCK),
+            "activations: k = {k} is not a multiple of {BLOCK} ({ty})"
         );
         self.prepared = Some(Prepared::Quant { format, group });
         self.q.resize(m * k, 0);
@@ -122,10 +123,7 @@ impl Activations {
             .zip(self.s.par_chunks_exact_mut(ng))
             .with_min_len(min_len)
             .for_each(|((((x, q), sx), xsum), s)| {
-                match format {
-                    ActFormat::Q8_0 => quantize_row_q8_0(x, q, sx),
-                    ActFormat::Q8_0F32 => quantize_row_q8_0f32(x, q, group, sx),
-                }
+                quantize_row(format, x, q, group, sx);
                 for (((q, sx), xsum), s) in q.chunks_exact(group).zip(sx).zip(xsum).zip(s) {
                     let sum: i32 = q.iter().map(|&v| i32::from(v)).sum();
                     *xsum = sum as f32;
@@ -144,34 +142,25 @@ fn round_half_even(x: f32) -> i32 {
     (v.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
 }
 
-/// One row as Q8_0 blocks (group 32).
-fn quantize_row_q8_0(x: &[f32], q: &mut [i8], sx: &mut [f32]) {
-    for ((x, q), sx) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)).zip(sx) {
-        let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-        let d = F16Le::from_f32(amax / 127.0).to_f32();
-        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-        for (q, &v) in q.iter_mut().zip(x) {
-            *q = round_half_even(v * id) as i8;
-        }
-        *sx = d;
-    }
-}
-
-/// One row in 32-element blocks with an `f32` scale, repeated for each `group` (16 or 32)
-/// levels.
-fn quantize_row_q8_0f32(x: &[f32], q: &mut [i8], group: usize, sx: &mut [f32]) {
-    let per = 32 / group;
+/// One row in blocks of [`BLOCK`]: `id = 127/amax`, levels rounded half to even, and the scale
+/// `amax/127`, rounded to `f16` for Q8_0 (as ggml's x86 `quantize_row_q8_0`) or kept in `f32`,
+/// repeated for each `group` (16 or 32) levels.
+fn quantize_row(format: ActFormat, x: &[f32], q: &mut [i8], group: usize, sx: &mut [f32]) {
     for ((x, q), sx) in x
-        .chunks_exact(32)
-        .zip(q.chunks_exact_mut(32))
-        .zip(sx.chunks_exact_mut(per))
+        .chunks_exact(BLOCK)
+        .zip(q.chunks_exact_mut(BLOCK))
+        .zip(sx.chunks_exact_mut(BLOCK / group))
     {
         let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
         let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         for (q, &v) in q.iter_mut().zip(x) {
             *q = round_half_even(v * id) as i8;
         }
-        sx.fill(amax / 127.0);
+        let d = amax / 127.0;
+        sx.fill(match format {
+            ActFormat::Q8_0 => F16Le::from_f32(d).to_f32(),
+            ActFormat::Q8_0F32 => d,
+        });
     }
 }
 
