@@ -14,8 +14,9 @@ typedef signed char i8;
 // predecessor on the stream drains. Every kernel starts with pdl_begin: wait until the
 // predecessor's writes are visible (so transitively every earlier kernel's), then let the
 // successor's blocks be scheduled as this grid's blocks finish. A kernel with work that needs
-// nothing from its predecessor (the GEMVs' first weight loads) calls pdl_release first and
-// pdl_wait once that work is issued.
+// nothing from its predecessor (the GEMVs' first weight loads, decode attention's stored keys)
+// issues that work first, then calls pdl_wait and pdl_release. Since every kernel waits before
+// it releases, data written two or more launches back may be read before the wait.
 __device__ __forceinline__ void pdl_wait() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");

@@ -33,6 +33,8 @@
 //    -inf and exponentials are taken against 0 instead.
 // 6. Decode with f32 output can also write its rows in the GEMVs' int8 form (actq.cuh), which
 //    saves the output projection its quantize launch.
+// 7. Decode with f32 queries can also do the token's QK-norm, RoPE and KV-cache store
+//    (DecodeRope), which saves the engine the launch of qk_rope_store (rope.cu).
 #include "common.cuh"
 #include "mma.cuh"
 #include "actq.cuh"
@@ -99,6 +101,14 @@ struct FlashParams {
     // levels (act_q, a row per token) and group sums (act_s), or null.
     i8* act_q;
     float4* act_s;
+    // Decode with RoPE fused (flash_decode, each token the only one of its sequence): the
+    // tokens' unrotated K and V rows (f32, [token][kv head][dim]), the QK-norm weights (or
+    // null) and the rotation's frequencies; k_new null turns it off.
+    const float* k_new;
+    const float* v_new;
+    const float* q_norm;
+    const float* k_norm;
+    const float* inv_freq;
     long long q_tok, q_head;
     long long k_seq, k_head, k_pos;
     long long v_seq, v_head, v_pos;
@@ -107,6 +117,9 @@ struct FlashParams {
     int causal, window;
     float softcap, scale;
     u32 n_split, debug_tiles;
+    u32 n_rot, neox;
+    float eps;
+    u32 pad;
 };
 
 // Byte offset of 16-byte chunk c of row r in a tile of `row_bytes` rows: chunks XOR-swizzled by
@@ -686,15 +699,16 @@ struct DecodeRing {
     static constexpr u32 K_BYTES = DEC_KEYS * KROW, STAGE = K_BYTES + DEC_KEYS * VROW;
     u32 at;
     const u16 *kg, *vg;
-    u32 end;  // keys at or past it are not this warp's
+    u32 end;     // keys at or past it are not this warp's
+    u32 stored;  // keys at or past it are read as zeros (the fused RoPE patches its own key)
 
     __device__ __forceinline__ u32 k(int stage) const { return at + stage * STAGE; }
     __device__ __forceinline__ u32 v(int stage) const { return k(stage) + K_BYTES; }
 
-    // Fills `stage` with keys k0.. (rows at or past `end` read as zeros) and closes the group;
-    // `k0` past the warp's keys closes an empty group, which keeps the count.
+    // Fills `stage` with keys k0.. (rows at or past `end` or `stored` read as zeros) and closes
+    // the group; `k0` past the warp's keys closes an empty group, which keeps the count.
     __device__ __forceinline__ void fill(const FlashParams& p, int stage, u32 k0, int lane) const {
-        if (k0 < end) load_kv<32, DEC_KEYS>(kg, vg, p, k(stage), v(stage), k0, end, lane);
+        if (k0 < end) load_kv<32, DEC_KEYS>(kg, vg, p, k(stage), v(stage), k0, max(k0, min(end, stored)), lane);
         cp_async_commit();
     }
 
@@ -705,12 +719,156 @@ struct DecodeRing {
     }
 };
 
+// RoPE inside decode (p.k_new set): each block rotates its token's query rows into the Q tile
+// and its KV head's new key, computing what qk_rope_store (rope.cu) computes, and puts the new
+// key and value into its ring where a step covers the token's position; one block per (token,
+// KV head) also stores them in the cache. With the cache row read nowhere in the launch, the
+// stored keys can be requested before the wait for the predecessor (the q/k/v product): the
+// launch's sequences have one token each, so every stored key came from an earlier pass.
+// After the wait, every value the block needs is requested at once (one round trip), then
+// normed and rotated in registers and shared memory.
+constexpr int ROPE_PER = (D + 31) / 32, ROPE_PER_V = (DV + 31) / 32;
+
+struct DecodeRope {
+    float cs[D];                // cos, sin of each rotated pair at the token's position
+    float row[DEC_WARPS][D];    // a warp's head row, normed, before rotation
+    __align__(16) u16 k[D];     // the new key and value in the element type
+    __align__(16) u16 v[DV];
+
+    // Before the wait: the angles at `pos`, and the QK-norm weights (element e at [e / 32] on
+    // lane e % 32; ones without a norm).
+    __device__ __forceinline__ void setup(const FlashParams& p, u32 pos, int lane, float (&wq)[ROPE_PER],
+                                          float (&wk)[ROPE_PER]) {
+        for (u32 i = threadIdx.x; i < p.n_rot / 2; i += blockDim.x) {
+            const float angle = (float)pos * p.inv_freq[i];
+            double s, c;
+            sincos((double)angle, &s, &c);
+            cs[2 * i] = (float)c;
+            cs[2 * i + 1] = (float)s;
+        }
+#pragma unroll
+        for (int j = 0; j < ROPE_PER; ++j) {
+            const int e = lane + 32 * j;
+            wq[j] = p.q_norm && e < D ? p.q_norm[e] : 1.f;
+            wk[j] = p.k_norm && e < D ? p.k_norm[e] : 1.f;
+        }
+    }
+
+    // Head row x (element e at x[e / 32] on lane e % 32) normed with w (if `norm`) and
+    // rotated, by one warp, into y (same layout).
+    __device__ __forceinline__ void rotate(const FlashParams& p, const float (&x)[ROPE_PER], const float (&w)[ROPE_PER],
+                                           bool norm, int warp, int lane, float (&y)[ROPE_PER]) {
+        float* hb = row[warp];
+        float ss = 0.f;
+#pragma unroll
+        for (int j = 0; j < ROPE_PER; ++j) ss += x[j] * x[j];
+        const float scale = norm ? rsqrtf(warp_sum(ss) / (float)D + p.eps) : 1.f;
+#pragma unroll
+        for (int j = 0; j < ROPE_PER; ++j) {
+            const int e = lane + 32 * j;
+            if (e < D) hb[e] = norm ? x[j] * scale * w[j] : x[j];
+        }
+        __syncwarp();
+        const u32 half = p.n_rot / 2;
+#pragma unroll
+        for (int j = 0; j < ROPE_PER; ++j) {
+            const u32 e = lane + 32 * j;
+            float out = x[j];
+            if (e < (u32)D) out = hb[e];
+            if (e < p.n_rot) {
+                u32 i, a, b;
+                if (p.neox) {
+                    i = e < half ? e : e - half;
+                    a = i;
+                    b = i + half;
+                } else {
+                    i = e / 2;
+                    a = 2 * i;
+                    b = 2 * i + 1;
+                }
+                const float c = cs[2 * i], s = cs[2 * i + 1];
+                out = e == a ? hb[a] * c - hb[b] * s : hb[a] * s + hb[b] * c;
+            }
+            y[j] = out;
+        }
+        __syncwarp();
+    }
+
+    // The tile's query rows, rotated, into the Q tile at `qs`; the new key and value into k
+    // and v. Call __syncthreads() before reading them.
+    __device__ __forceinline__ void prepare(const FlashParams& p, u32 qs, const int* row_tok, const int* row_head,
+                                            u32 t, u32 g, int warp, int lane, const float (&wq)[ROPE_PER],
+                                            const float (&wk)[ROPE_PER]) {
+        constexpr int ROWS = 16 / DEC_WARPS;
+        float x[ROWS][ROPE_PER], xk[ROPE_PER], xv[ROPE_PER_V];
+#pragma unroll
+        for (int i = 0; i < ROWS; ++i) {
+            const int r = warp + DEC_WARPS * i, tok = row_tok[r];
+            const float* src = (const float*)p.q + (tok >= 0 ? tok * p.q_tok + row_head[r] * p.q_head : 0);
+#pragma unroll
+            for (int j = 0; j < ROPE_PER; ++j) {
+                const int e = lane + 32 * j;
+                x[i][j] = tok >= 0 && e < D ? src[e] : 0.f;
+            }
+        }
+        const float* ks = p.k_new + ((u64)t * p.n_head_kv + g) * D;
+        const float* vs = p.v_new + ((u64)t * p.n_head_kv + g) * DV;
+#pragma unroll
+        for (int j = 0; j < ROPE_PER; ++j) xk[j] = warp == DEC_WARPS - 1 && lane + 32 * j < D ? ks[lane + 32 * j] : 0.f;
+#pragma unroll
+        for (int j = 0; j < ROPE_PER_V; ++j) xv[j] = warp == DEC_WARPS - 2 && lane + 32 * j < DV ? vs[lane + 32 * j] : 0.f;
+
+        float y[ROPE_PER];
+#pragma unroll
+        for (int i = 0; i < ROWS; ++i) {
+            const int r = warp + DEC_WARPS * i, tok = row_tok[r];
+            if (tok >= 0) rotate(p, x[i], wq, p.q_norm != nullptr, warp, lane, y);
+#pragma unroll
+            for (int j = 0; j < ROPE_PER; ++j) {
+                const int e = lane + 32 * j;
+                if (e >= D) break;
+                const u16 h = tok >= 0 ? (u16)(pack2(y[j], 0.f) & 0xffffu) : 0;
+                asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(qs + fswz(QROW, r, e / 8) + (e % 8) * 2), "h"(h) : "memory");
+            }
+        }
+        if (warp == DEC_WARPS - 1) {
+            rotate(p, xk, wk, p.k_norm != nullptr, warp, lane, y);
+#pragma unroll
+            for (int j = 0; j < ROPE_PER; ++j)
+                if (lane + 32 * j < D) k[lane + 32 * j] = (u16)(pack2(y[j], 0.f) & 0xffffu);
+        } else if (warp == DEC_WARPS - 2) {
+#pragma unroll
+            for (int j = 0; j < ROPE_PER_V; ++j)
+                if (lane + 32 * j < DV) v[lane + 32 * j] = (u16)(pack2(xv[j], 0.f) & 0xffffu);
+        }
+    }
+
+    // The new key and value into cache row `pos` of K and V rows at kg, vg.
+    __device__ __forceinline__ void store(const FlashParams& p, u16* kg, u16* vg, u32 pos) const {
+        for (int c = threadIdx.x; c < D / 8; c += blockDim.x) *(uint4*)(kg + pos * p.k_pos + c * 8) = *(const uint4*)(k + c * 8);
+        for (int c = threadIdx.x; c < DV / 8; c += blockDim.x) *(uint4*)(vg + pos * p.v_pos + c * 8) = *(const uint4*)(v + c * 8);
+    }
+
+    // The new key and value into row r of the K and V tiles at ks and vs, by one warp.
+    __device__ __forceinline__ void patch(u32 ks, u32 vs, int r, int lane) const {
+        for (int c = lane; c < D / 8; c += 32) {
+            const uint4 x = *(const uint4*)(k + c * 8);
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(ks + fswz(KROW, r, c)), "r"(x.x), "r"(x.y), "r"(x.z), "r"(x.w) : "memory");
+        }
+        for (int c = lane; c < DV / 8; c += 32) {
+            const uint4 x = *(const uint4*)(v + c * 8);
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(vs + fswz(VROW, r, c)), "r"(x.x), "r"(x.y), "r"(x.z), "r"(x.w) : "memory");
+        }
+    }
+};
+
 // Decode and short batches: one token's group (16 rows) per block, four warps each streaming a
 // contiguous quarter of the block's keys through its own ring. Grid (tokens, n_head_kv,
 // splits); dynamic shared memory: the Q tile and each warp's ring.
 // The tile's rows, key ranges and split are worked out before waiting for the predecessor
 // (dependent launch) from q_seq, kv_len and q_pos: those must come from an earlier launch or
-// copy, never the kernel just before (in the engine, RoPE and the KV store).
+// copy, never the kernel just before. With RoPE fused (DecodeRope) the rotation's angles and
+// the first stored keys are requested before that wait too.
 extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams p) {
     constexpr int BM = 16, THREADS = 32 * DEC_WARPS;
     constexpr u32 Q_BYTES = BM * QROW;
@@ -746,7 +904,6 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
 #endif
     const int steps = (int)((we - wb + DEC_KEYS - 1) / DEC_KEYS);
     const RowMask rm[1][2] = {{row_mask(p, row_tok[lane >> 2], kv_len), row_mask(p, row_tok[(lane >> 2) + 8], kv_len)}};
-    pdl_begin();
 
     const u32 g = blockIdx.y % p.n_head_kv;
     DecodeRing ring;
@@ -754,12 +911,31 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
     ring.kg = p.k + seq * p.k_seq + g * p.k_head;
     ring.vg = p.v + seq * p.v_seq + g * p.v_head;
     ring.end = we;
-    load_q<BM, THREADS>(p, base, row_tok, row_head);
-    cp_async_commit();
+    ring.stored = we;
+    __shared__ DecodeRope rope;
+    const bool fused = p.k_new != nullptr;
+    const u32 pos = p.q_pos[t0];
+    if (fused) {
+        ring.stored = min(we, pos);
+        float wq[ROPE_PER], wk[ROPE_PER];
+        rope.setup(p, pos, lane, wq, wk);
 #pragma unroll
-    for (int s = 0; s < DEC_STAGES - 1; ++s) ring.fill(p, s, wb + s * DEC_KEYS, lane);
-    cp_async_wait<DEC_STAGES - 1>();  // the queries
-    __syncthreads();
+        for (int s = 0; s < DEC_STAGES - 1; ++s) ring.fill(p, s, wb + s * DEC_KEYS, lane);
+        pdl_begin();
+        __syncthreads();  // the angles
+        rope.prepare(p, base, row_tok, row_head, t0, g, warp, lane, wq, wk);
+        __syncthreads();
+        if (blockIdx.y < p.n_head_kv && kb <= pos && pos < ke && pos < p.n_ctx)
+            rope.store(p, (u16*)ring.kg, (u16*)ring.vg, pos);
+    } else {
+        pdl_begin();
+        load_q<BM, THREADS>(p, base, row_tok, row_head);
+        cp_async_commit();
+#pragma unroll
+        for (int s = 0; s < DEC_STAGES - 1; ++s) ring.fill(p, s, wb + s * DEC_KEYS, lane);
+        cp_async_wait<DEC_STAGES - 1>();  // the queries
+        __syncthreads();
+    }
     constexpr bool QREGS = D <= 128;
     QTile<QREGS> q[1];
     q[0].init(base, lane);
@@ -776,7 +952,12 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
             dbg = p.debug + (u64)it * debug_step_floats<DEC_KEYS>();
 #endif
         const int stage = it % DEC_STAGES;
-        attend<DEC_KEYS, 1, QREGS>(p, st, q, ring.k(stage), ring.v(stage), wb + it * DEC_KEYS, rm, seq, lane, dbg);
+        const u32 k0 = wb + it * DEC_KEYS;
+        if (fused && pos >= k0 && pos - k0 < DEC_KEYS && pos < we) {
+            rope.patch(ring.k(stage), ring.v(stage), pos - k0, lane);
+            __syncwarp();
+        }
+        attend<DEC_KEYS, 1, QREGS>(p, st, q, ring.k(stage), ring.v(stage), k0, rm, seq, lane, dbg);
         __syncwarp();
     }
     cp_async_wait_all();

@@ -6,7 +6,8 @@
 //! what the plan spells out as several ops:
 //! - q/k/v (and any products of one input) share one activation preparation;
 //! - gate and up with the gated activation are one kernel for decode-sized batches;
-//! - QK-norm, RoPE of Q and K, and the KV-cache write are one kernel;
+//! - QK-norm, RoPE of Q and K, and the KV-cache write are one kernel, and in decode passes
+//!   with one token per slot part of the attention kernel;
 //! - a block's optional post-norm, its residual add and the next norm are one kernel.
 //!
 //! A pass copies the batch's token ids, positions, slots and output rows into one device
@@ -26,7 +27,9 @@ use akunu_quant::GgmlType;
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph};
 
-use crate::flash::{FlashArgs, FlashConfig, FlashDtype, FlashKernels, FlashScratch, Queries};
+use crate::flash::{
+    FlashArgs, FlashConfig, FlashDtype, FlashKernels, FlashRope, FlashScratch, Queries,
+};
 use crate::gemm::{GemmKernels, GemmScratch};
 use crate::gpu::{Arg, DeviceBuffer, Gpu, Kernel};
 use crate::layers::LayerKernels;
@@ -87,6 +90,9 @@ enum Step {
         scale: f32,
         window: Option<usize>,
         softcap: Option<f32>,
+        /// The step of this layer's QK-norm, RoPE and KV store just before, which decode
+        /// attention does itself where it can ([`CudaBackend::rope_in_attention`]).
+        rope: Option<usize>,
     },
     /// `Out = norm(Out)·post` (if any); `Residual += Out`; `Normed = norm(Residual)·next`;
     /// then, with `select`, the output rows of `Normed` are gathered for the logits.
@@ -153,9 +159,11 @@ pub struct CudaBackend {
     flash: Option<(FlashKernels, FlashScratch)>,
     /// Runs of tokens of one slot in the current batch, for prefill attention tiles.
     runs: Vec<(usize, usize)>,
+    /// Whether every token of the current batch is the only one of its slot.
+    one_per_slot: bool,
     sampler: SampleKernels,
-    /// Captured passes by (tokens, outputs, chain step).
-    graphs: HashMap<(usize, usize, bool), Graph>,
+    /// Captured passes by (tokens, outputs, chain step, one token per slot).
+    graphs: HashMap<(usize, usize, bool, bool), Graph>,
     chain_advance: Kernel,
     /// The tokens a chain chose (one per position of the context at most) and their count.
     chain_out: DeviceBuffer,
@@ -306,6 +314,7 @@ impl CudaBackend {
             layers,
             flash,
             runs: Vec::new(),
+            one_per_slot: false,
             sampler,
             graphs: HashMap::new(),
             chain_advance,
@@ -363,6 +372,11 @@ impl CudaBackend {
                 _ => self.runs.push((t, 1)),
             }
         }
+        self.one_per_slot = batch
+            .slots
+            .iter()
+            .enumerate()
+            .all(|(t, s)| !batch.slots[..t].contains(s));
         self.gpu.write(&self.meta, 0, &self.meta_host)
     }
 
@@ -408,6 +422,45 @@ impl CudaBackend {
             }
         }
         Ok(())
+    }
+
+    /// Whether decode attention does the QK-norm, RoPE and KV store of an `m`-token pass
+    /// itself: a decode-sized pass with one token per slot, on the FlashAttention kernels.
+    fn rope_in_attention(&self, m: usize) -> bool {
+        let c = &self.model.config;
+        m <= self.gpu.chip.gemv_max_m
+            && self.one_per_slot
+            && self.gpu.chip.rope_in_attention
+            && self
+                .flash
+                .as_ref()
+                .is_some_and(|(f, _)| f.fuses_rope(&Queries::PerToken, c.n_head, c.n_head_kv))
+    }
+
+    /// The rotation of the `QkRopeStore` step `i`, for the attention kernel.
+    fn flash_rope(&self, i: usize) -> Option<FlashRope> {
+        let Step::QkRopeStore {
+            q_norm,
+            k_norm,
+            eps,
+            style,
+            n_rot,
+            inv_freq,
+            ..
+        } = self.steps.get(i)?
+        else {
+            return None;
+        };
+        Some(FlashRope {
+            k_new: self.buf(Buf::K),
+            v_new: self.buf(Buf::V),
+            q_norm: q_norm.as_ref().map_or(0, |b| b.ptr()),
+            k_norm: k_norm.as_ref().map_or(0, |b| b.ptr()),
+            eps: *eps,
+            neox: *style == RopeStyle::Neox,
+            n_rot: *n_rot,
+            inv_freq: inv_freq.ptr(),
+        })
     }
 
     fn matrix(&self, w: usize) -> &DeviceMatrix {
@@ -553,6 +606,11 @@ impl CudaBackend {
                 n_rot,
                 inv_freq,
             } => {
+                if let Some(Step::Attention { rope: Some(_), .. }) = self.steps.get(i + 1) {
+                    if self.rope_in_attention(m) {
+                        return Ok(());
+                    }
+                }
                 let kv = &self.kv[*layer];
                 self.layers.qk_rope_store(
                     gpu,
@@ -584,6 +642,7 @@ impl CudaBackend {
                 scale,
                 window,
                 softcap,
+                rope,
             } => {
                 let kv = &self.kv[*layer];
                 let (q, k, v, out) = (
@@ -636,6 +695,10 @@ impl CudaBackend {
                     window: *window,
                     softcap: *softcap,
                     scale: *scale,
+                    rope: match rope {
+                        Some(r) if self.rope_in_attention(m) => self.flash_rope(*r),
+                        _ => None,
+                    },
                     ..FlashArgs::default()
                 };
                 // Passes that graphs capture must not upload: one tile per token there.
@@ -777,7 +840,7 @@ impl CudaBackend {
         if !graphable {
             return self.launch_all(m, n_out, chain);
         }
-        let key = (m, n_out, chain);
+        let key = (m, n_out, chain, self.one_per_slot);
         if !self.graphs.contains_key(&key) {
             let stream = self.gpu.stream().clone();
             stream
@@ -1045,11 +1108,16 @@ fn lower(
                 window,
                 softcap,
             } => {
+                let rope = match steps.last() {
+                    Some(Step::QkRopeStore { layer: l, .. }) if l == layer => Some(steps.len() - 1),
+                    _ => None,
+                };
                 steps.push(Step::Attention {
                     layer: *layer,
                     scale: *scale,
                     window: *window,
                     softcap: *softcap,
+                    rope,
                 });
                 labels.push(label);
                 i += 1;

@@ -220,6 +220,32 @@ pub struct FlashArgs {
     /// `n_head * head_dim_v` per token, as [`crate::matmul::ActScratch::written_by`] hands
     /// them out. Only where [`FlashKernels::writes_int8`] says so.
     pub int8_out: Option<(u64, u64)>,
+    /// QK-norm, RoPE and the KV-cache store of the decode token done by the decode kernel
+    /// itself (see [`FlashRope`]); `q` then holds the unrotated queries.
+    pub rope: Option<FlashRope>,
+}
+
+/// What [`FlashArgs::rope`] needs: the rotation of [`crate::layers::QkRopeStore`], whose
+/// launch it replaces in decode. Only for decode queries ([`FlashKernels::fuses_rope`]) where
+/// every token is the only one of its sequence in the launch, whose cache holds the keys
+/// before the token's position (the kernel stores the token's own, and reads none of the
+/// stored ones after its predecessor: it requests them before waiting for it), with `kv_len`
+/// 0 (each token sees the keys up to its position).
+#[derive(Clone, Copy, Debug)]
+pub struct FlashRope {
+    /// `n_tokens × n_head_kv × head_dim` f32 keys and `n_tokens × n_head_kv × head_dim_v` f32
+    /// values, as the products wrote them.
+    pub k_new: u64,
+    pub v_new: u64,
+    /// Per-head RMSNorm weights (`head_dim` f32) of Q and of K, or 0.
+    pub q_norm: u64,
+    pub k_norm: u64,
+    pub eps: f32,
+    pub neox: bool,
+    /// Leading dimensions of each head that rotate (even, at most `head_dim`).
+    pub n_rot: usize,
+    /// `n_rot / 2` f32: the angle of pair i at position p is `p * inv_freq[i]`.
+    pub inv_freq: u64,
 }
 
 /// How the queries are tiled.
@@ -278,6 +304,11 @@ struct FlashParams {
     debug: u64,
     act_q: u64,
     act_s: u64,
+    k_new: u64,
+    v_new: u64,
+    q_norm: u64,
+    k_norm: u64,
+    inv_freq: u64,
     q_tok: i64,
     q_head: i64,
     k_seq: i64,
@@ -298,6 +329,10 @@ struct FlashParams {
     scale: f32,
     n_split: u32,
     debug_tiles: u32,
+    n_rot: u32,
+    neox: u32,
+    eps: f32,
+    pad: u32,
 }
 
 /// Whether queries run on the decode kernel: one token per tile, a token's query heads of one
@@ -555,6 +590,38 @@ impl FlashKernels {
             && is_decode(q, n_head, n_head_kv)
     }
 
+    /// Whether [`FlashKernels::run`] can do the decode token's RoPE and KV store itself
+    /// ([`FlashArgs::rope`]) for these queries: the decode kernel with f32 queries.
+    pub fn fuses_rope(&self, q: &Queries, n_head: usize, n_head_kv: usize) -> bool {
+        self.cfg.q_f32 && is_decode(q, n_head, n_head_kv)
+    }
+
+    fn check_rope(&self, a: &FlashArgs, q: &Queries, r: &FlashRope) -> Result<(), CudaError> {
+        if !self.fuses_rope(q, a.n_head, a.n_head_kv) || a.kv_len != 0 {
+            return Err(bad(
+                "RoPE in attention: needs decode queries, f32 queries and no key counts".into(),
+            ));
+        }
+        if !r.n_rot.is_multiple_of(2) || r.n_rot > self.cfg.head_dim {
+            return Err(bad(format!(
+                "RoPE of {} dimensions in heads of {}",
+                r.n_rot, self.cfg.head_dim
+            )));
+        }
+        if !r.eps.is_finite() || r.eps < 0.0 {
+            return Err(bad(format!("QK-norm epsilon {}", r.eps)));
+        }
+        let norms = [r.q_norm, r.k_norm].into_iter().filter(|&p| p != 0);
+        for p in [r.k_new, r.v_new, r.inv_freq].into_iter().chain(norms) {
+            if p == 0 || !p.is_multiple_of(4) {
+                return Err(bad(format!(
+                    "RoPE in attention: device address {p:#x} is null or misaligned"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Enqueues attention for `a` on the GPU's stream. `max_kv` bounds the keys a token can
     /// see (it only chooses the split count).
     pub fn run(
@@ -583,6 +650,9 @@ impl FlashKernels {
                     "int8 attention output at {levels:#x} / {sums:#x}"
                 )));
             }
+        }
+        if let Some(r) = &a.rope {
+            self.check_rope(a, &q, r)?;
         }
         let l = self.plan(a, &q, max_kv, scratch.bytes())?;
         let (lse_at, o_at, end) = self.layout(a, &l);
@@ -616,6 +686,11 @@ impl FlashKernels {
             debug: if self.cfg.debug { a.debug } else { 0 },
             act_q: a.int8_out.map_or(0, |o| o.0),
             act_s: a.int8_out.map_or(0, |o| o.1),
+            k_new: a.rope.map_or(0, |r| r.k_new),
+            v_new: a.rope.map_or(0, |r| r.v_new),
+            q_norm: a.rope.map_or(0, |r| r.q_norm),
+            k_norm: a.rope.map_or(0, |r| r.k_norm),
+            inv_freq: a.rope.map_or(0, |r| r.inv_freq),
             q_tok: to_i64("q stride", a.q_stride[0])?,
             q_head: to_i64("q stride", a.q_stride[1])?,
             k_seq: to_i64("k stride", a.k_stride[0])?,
@@ -638,6 +713,10 @@ impl FlashKernels {
             scale: a.scale,
             n_split: l.splits as u32,
             debug_tiles: to_u32("debug steps", a.debug_steps)?,
+            n_rot: a.rope.map_or(0, |r| r.n_rot as u32),
+            neox: a.rope.map_or(0, |r| u32::from(r.neox)),
+            eps: a.rope.map_or(0.0, |r| r.eps),
+            pad: 0,
         };
         let kernel = if l.decode {
             &self.decode

@@ -8,8 +8,12 @@ mod common;
 
 use std::sync::Arc;
 
+use akunu_core::RopeStyle;
 use akunu_cpu::flash::{intermediates, reference_f64, Problem};
-use akunu_cuda::flash::{FlashArgs, FlashConfig, FlashDtype, FlashKernels, FlashScratch, Queries};
+use akunu_cuda::flash::{
+    FlashArgs, FlashConfig, FlashDtype, FlashKernels, FlashRope, FlashScratch, Queries,
+};
+use akunu_cuda::layers::{LayerKernels, QkRopeStore};
 use akunu_cuda::{DeviceBuffer, Gpu};
 use half::{bf16, f16};
 use rand::rngs::StdRng;
@@ -235,6 +239,7 @@ fn upload(gpu: &Gpu, p: &Problem, cfg: &FlashConfig) -> Uploaded {
         debug: 0,
         debug_steps: 0,
         int8_out: None,
+        rope: None,
     };
     Uploaded {
         _bufs: bufs,
@@ -432,6 +437,196 @@ fn decode_with_split_kv() {
     }
 }
 
+/// One fused-RoPE decode shape: query heads over KV heads, head size, rotated dimensions,
+/// style, QK-norm, and the stored keys before each sequence's token.
+struct RopeCase {
+    n_head: usize,
+    n_kv: usize,
+    d: usize,
+    n_rot: usize,
+    style: RopeStyle,
+    qk_norm: bool,
+    stored: Vec<usize>,
+    window: Option<usize>,
+}
+
+/// Decode with the QK-norm, RoPE and KV store inside the attention kernel against the same
+/// step as two launches (`qk_rope_store`, then attention), which the layer tests check
+/// against their f64 references: same outputs and int8 form, same cache afterwards.
+fn check_rope_fused(
+    gpu: &Arc<Gpu>,
+    layers: &LayerKernels,
+    k: &FlashKernels,
+    c: &RopeCase,
+    seed: u64,
+) {
+    let (nh, hk, d) = (c.n_head, c.n_kv, c.d);
+    let m = c.stored.len();
+    let n_ctx = c.stored.iter().max().unwrap() + 64;
+    let q = common::random(m * nh * d, 3.0, seed);
+    let k_new = common::random(m * hk * d, 3.0, seed + 1);
+    let v_new = common::random(m * hk * d, 3.0, seed + 2);
+    let norms = common::random(2 * d, 2.0, seed + 3);
+    let inv_freq = akunu_core::plan::inv_freq(c.n_rot, 10000.0, 1.0, None);
+    let mut rng = StdRng::seed_from_u64(seed + 4);
+    let cache: Vec<u16> = (0..2 * m * hk * n_ctx * d)
+        .map(|_| f16::from_f32(rng.random_range(-2.0f32..2.0)).to_bits())
+        .collect();
+    let positions: Vec<u32> = c.stored.iter().map(|&s| s as u32).collect();
+    let slots: Vec<u32> = (0..m as u32).rev().collect();
+    let up = |x: &[f32]| gpu.upload(x).unwrap();
+    let (kd, vd, nd, fd) = (up(&k_new), up(&v_new), up(&norms), up(&inv_freq));
+    let pd = gpu.upload(&positions).unwrap();
+    let sd = gpu.upload(&slots).unwrap();
+    let half = m * hk * n_ctx * d;
+    let norm = |i: usize| c.qk_norm.then(|| nd.at(4 * i * d));
+    let scratch_for = |a: &FlashArgs| {
+        FlashScratch::new(gpu, k.scratch_bytes(a, &Queries::PerToken, n_ctx).max(1)).unwrap()
+    };
+    // Each path: its cache, output and int8 form, read back after two runs (as graph replays).
+    let mut results = Vec::new();
+    for fused in [false, true] {
+        let cache_d = gpu.upload(&cache).unwrap();
+        let q_d = up(&q);
+        let out = up(&vec![f32::NAN; m * nh * d]);
+        let levels = gpu.alloc(m * nh * d).unwrap();
+        let sums = gpu.alloc(m * nh * d / 32 * 16).unwrap();
+        let args = FlashArgs {
+            q: q_d.ptr(),
+            k: cache_d.ptr(),
+            v: cache_d.at(2 * half),
+            out: out.ptr(),
+            n_tokens: m,
+            n_head: nh,
+            n_head_kv: hk,
+            n_ctx,
+            q_stride: [nh * d, d],
+            k_stride: [hk * n_ctx * d, n_ctx * d, d],
+            v_stride: [hk * n_ctx * d, n_ctx * d, d],
+            out_stride: [nh * d, d],
+            q_pos: pd.ptr(),
+            q_seq: sd.ptr(),
+            causal: true,
+            window: c.window,
+            scale: 1.0 / (d as f32).sqrt(),
+            int8_out: Some((levels.ptr(), sums.ptr())),
+            rope: fused.then_some(FlashRope {
+                k_new: kd.ptr(),
+                v_new: vd.ptr(),
+                q_norm: norm(0).unwrap_or(0),
+                k_norm: norm(1).unwrap_or(0),
+                eps: 1e-6,
+                neox: c.style == RopeStyle::Neox,
+                n_rot: c.n_rot,
+                inv_freq: fd.ptr(),
+            }),
+            ..FlashArgs::default()
+        };
+        let scratch = scratch_for(&args);
+        for _ in 0..2 {
+            gpu.write(&q_d, 0, &q).unwrap();
+            if !fused {
+                layers
+                    .qk_rope_store(
+                        gpu,
+                        &QkRopeStore {
+                            q: q_d.ptr(),
+                            k: kd.ptr(),
+                            v: vd.ptr(),
+                            m,
+                            n_head: nh,
+                            n_head_kv: hk,
+                            head_dim: d,
+                            head_dim_v: d,
+                            q_norm: norm(0),
+                            k_norm: norm(1),
+                            eps: 1e-6,
+                            style: c.style,
+                            n_rot: c.n_rot,
+                            inv_freq: fd.ptr(),
+                            positions: pd.ptr(),
+                            slots: sd.ptr(),
+                            k_cache: args.k,
+                            v_cache: args.v,
+                            n_ctx,
+                        },
+                    )
+                    .unwrap();
+            }
+            k.run(gpu, &args, Queries::PerToken, n_ctx, &scratch)
+                .unwrap();
+        }
+        gpu.sync().unwrap();
+        let mut o = vec![0f32; m * nh * d];
+        gpu.read(&out, 0, &mut o).unwrap();
+        let mut l = vec![0i8; o.len()];
+        let mut s = vec![0f32; o.len() / 8];
+        gpu.read(&levels, 0, &mut l).unwrap();
+        gpu.read(&sums, 0, &mut s).unwrap();
+        common::check_act_quant(&format!("fused {fused} int8"), &o, &l, &s);
+        let mut kv = vec![0u16; cache.len()];
+        gpu.read(&cache_d, 0, &mut kv).unwrap();
+        results.push((o, kv));
+    }
+    let what = format!(
+        "{nh}/{hk} heads of {d}, rot {} {:?}, norm {}, stored {:?}, window {:?}",
+        c.n_rot, c.style, c.qk_norm, c.stored, c.window
+    );
+    let (want, got) = (&results[0], &results[1]);
+    let want_o: Vec<f64> = want.0.iter().map(|&x| x as f64).collect();
+    let e = common::rel_err(&got.0, &want_o);
+    assert!(e <= 2e-3, "{what}: output differs by {e:.2e}");
+    // The cache: the tokens' rows within f16 rounding of each other, every other bit as it was.
+    for (i, (&a, &b)) in got.1.iter().zip(&want.1).enumerate() {
+        let (x, y) = (f16::from_bits(a).to_f32(), f16::from_bits(b).to_f32());
+        let pos = i / d % n_ctx;
+        let row_of_token = positions
+            .iter()
+            .zip(&slots)
+            .any(|(&p, &s)| pos == p as usize && i % half / (hk * n_ctx * d) == s as usize);
+        if row_of_token {
+            assert!(
+                (x - y).abs() <= 2e-3 * (1.0 + y.abs()),
+                "{what}: cache {i}: {x} vs {y}"
+            );
+        } else {
+            assert_eq!(a, b, "{what}: cache element {i} changed");
+        }
+    }
+}
+
+#[test]
+fn decode_with_rope_and_kv_store_fused() {
+    let Some(gpu) = common::gpu() else { return };
+    let layers = LayerKernels::new(&gpu).unwrap();
+    let mut seed = 7000;
+    for d in [64, 128, 256] {
+        let k = kernels(&gpu, FlashDtype::F16, d, d, true);
+        for (group, style, qk_norm, n_rot) in [
+            (1, RopeStyle::Neox, true, d),
+            (4, RopeStyle::Normal, false, d),
+            (8, RopeStyle::Neox, false, d / 2),
+            (16, RopeStyle::Normal, true, d / 4),
+        ] {
+            for window in [None, Some(700)] {
+                let c = RopeCase {
+                    n_head: 2 * group,
+                    n_kv: 2,
+                    d,
+                    n_rot,
+                    style,
+                    qk_norm,
+                    // Empty, inside a first step, on step and split edges, long.
+                    stored: vec![0, 5, 63, 64, 1000, 2999],
+                    window,
+                };
+                check_rope_fused(&gpu, &layers, &k, &c, seed);
+                seed += 10;
+            }
+        }
+    }
+}
+
 #[test]
 fn windows_softcap_and_odd_head_sizes() {
     let Some(gpu) = common::gpu() else { return };
@@ -591,6 +786,18 @@ fn bad_arguments_are_errors() {
         .is_err(),
         "head size 72"
     );
+    let mut a = u.args;
+    a.rope = Some(FlashRope {
+        k_new: a.k,
+        v_new: a.v,
+        q_norm: 0,
+        k_norm: 0,
+        eps: 1e-6,
+        neox: false,
+        n_rot: 128,
+        inv_freq: a.q_pos,
+    });
+    assert!(run(&a).is_err(), "RoPE in attention with f16 queries");
     run(&u.args).unwrap();
     gpu.sync().unwrap();
 }
