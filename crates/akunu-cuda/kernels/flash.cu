@@ -735,22 +735,27 @@ struct DecodeRope {
     __align__(16) u16 k[D];     // the new key and value in the element type
     __align__(16) u16 v[DV];
 
-    // Before the wait: the angles at `pos`, and the QK-norm weights (element e at [e / 32] on
-    // lane e % 32; ones without a norm).
-    __device__ __forceinline__ void setup(const FlashParams& p, u32 pos, int lane, float (&wq)[ROPE_PER],
-                                          float (&wk)[ROPE_PER]) {
-        for (u32 i = threadIdx.x; i < p.n_rot / 2; i += blockDim.x) {
-            const float angle = (float)pos * p.inv_freq[i];
-            double s, c;
-            sincos((double)angle, &s, &c);
-            cs[2 * i] = (float)c;
-            cs[2 * i + 1] = (float)s;
-        }
+    // First thing in the kernel (these loads overlap the tile's): the QK-norm weights (element
+    // e at [e / 32] on lane e % 32; ones without a norm) and this thread's frequency (a pair
+    // per thread: n_rot / 2 <= 128).
+    __device__ __forceinline__ void load(const FlashParams& p, int lane, float (&wq)[ROPE_PER], float (&wk)[ROPE_PER],
+                                         float& freq) const {
 #pragma unroll
         for (int j = 0; j < ROPE_PER; ++j) {
             const int e = lane + 32 * j;
             wq[j] = p.q_norm && e < D ? p.q_norm[e] : 1.f;
             wk[j] = p.k_norm && e < D ? p.k_norm[e] : 1.f;
+        }
+        freq = threadIdx.x < p.n_rot / 2 ? p.inv_freq[threadIdx.x] : 0.f;
+    }
+
+    // This thread's pair's cos and sin at `pos`, before the wait.
+    __device__ __forceinline__ void angles(const FlashParams& p, u32 pos, float freq) {
+        if (threadIdx.x < p.n_rot / 2) {
+            double s, c;
+            sincos((double)((float)pos * freq), &s, &c);
+            cs[2 * threadIdx.x] = (float)c;
+            cs[2 * threadIdx.x + 1] = (float)s;
         }
     }
 
@@ -878,6 +883,10 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
     const u32 base = smem_addr(smem);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
+    __shared__ DecodeRope rope;
+    const bool fused = p.k_new != nullptr;
+    float wq[ROPE_PER], wk[ROPE_PER], freq;
+    if (fused) rope.load(p, lane, wq, wk, freq);
     const u32 t0 = blockIdx.x;
     const u32 seq = p.q_seq[t0];
     const u32 kv_len = p.kv_len ? min(p.kv_len[seq], p.n_ctx) : p.n_ctx;
@@ -886,8 +895,8 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
     // The launch's split count suits the longest context it may see (a captured graph replays
     // it as the context grows); a block's token uses up to eight splits of at least two steps
     // per warp, and past that splits of at least four: more, shorter splits cost more in the
-    // merge than they save (docs/perf/2026-11-22-decode-splits.md). The blocks past them leave
-    // at once and the merge waits for no more.
+    // merge than they save (docs/perf/2026-11-22-decode-splits.md; the host's decode_splits
+    // mirrors this rule). The blocks past them leave at once and the merge waits for no more.
     constexpr u32 STEP_KEYS = DEC_WARPS * DEC_KEYS;
     const u32 keys = block_range[1] - block_range[0];
     const u32 by_keys = max(min(keys / (2 * STEP_KEYS), 8u), keys / (4 * STEP_KEYS));
@@ -912,13 +921,10 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
     ring.vg = p.v + seq * p.v_seq + g * p.v_head;
     ring.end = we;
     ring.stored = we;
-    __shared__ DecodeRope rope;
-    const bool fused = p.k_new != nullptr;
     const u32 pos = p.q_pos[t0];
     if (fused) {
         ring.stored = min(we, pos);
-        float wq[ROPE_PER], wk[ROPE_PER];
-        rope.setup(p, pos, lane, wq, wk);
+        rope.angles(p, pos, freq);
 #pragma unroll
         for (int s = 0; s < DEC_STAGES - 1; ++s) ring.fill(p, s, wb + s * DEC_KEYS, lane);
         pdl_begin();

@@ -341,6 +341,13 @@ fn is_decode(q: &Queries, n_head: usize, n_head_kv: usize) -> bool {
     matches!(q, Queries::PerToken) && n_head / n_head_kv.max(1) <= DECODE_ROWS
 }
 
+/// The splits `flash_decode` gives a token's `keys` keys: up to eight of at least two steps
+/// per warp, past that splits of at least four (docs/perf/2026-11-22-decode-splits.md).
+fn decode_splits(keys: usize) -> usize {
+    let step = DECODE_WARPS * DECODE_KEYS;
+    (keys / (2 * step)).min(8).max(keys / (4 * step))
+}
+
 /// How one call is launched.
 struct Launch {
     decode: bool,
@@ -480,10 +487,9 @@ impl FlashKernels {
         let mut splits = 1;
         if blocks > 0 && blocks <= COUNTERS {
             splits = if decode {
-                // Memory-bound: one wave over every resident slot, each warp at least two
-                // steps of keys.
-                (self.sm_count * self.decode_per_sm / blocks)
-                    .min(max_kv / (2 * DECODE_WARPS * DECODE_KEYS))
+                // Memory-bound: one wave over every resident slot, and no more than the kernel
+                // uses for `max_kv` keys (it may use fewer for fewer keys).
+                (self.sm_count * self.decode_per_sm / blocks).min(decode_splits(max_kv))
             } else if blocks < self.sm_count {
                 (2 * self.sm_count)
                     .div_ceil(blocks)
