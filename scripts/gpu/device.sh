@@ -42,6 +42,11 @@ if [[ $stages == *tests* ]]; then
     if "$t" --test-threads 1 > "$LOGS/$n.log" 2>&1; then r=pass; else r=FAIL; fi
     row "test $n: $r ($(grep -E '^test result' "$LOGS/$n.log" | tail -1))"
   done
+  # The whole-model checks again with decode attention doing RoPE at every head size.
+  if [[ -z ${GPU_TESTS:-} || " $GPU_TESTS " == *" test-backend "* ]]; then
+    if AKUNU_CHIP_ROPE_IN_ATTENTION_FROM=0 "$B/test-backend" --test-threads 1 > "$LOGS/test-backend-rope.log" 2>&1; then r=pass; else r=FAIL; fi
+    row "test test-backend, RoPE in attention at every head size: $r"
+  fi
 fi
 
 if [[ $stages == *sanitize* ]]; then

@@ -425,12 +425,13 @@ impl CudaBackend {
     }
 
     /// Whether decode attention does the QK-norm, RoPE and KV store of an `m`-token pass
-    /// itself: a decode-sized pass with one token per slot, on the FlashAttention kernels.
+    /// itself: a decode-sized pass with one token per slot, on the FlashAttention kernels,
+    /// with heads as wide as the chip config asks.
     fn rope_in_attention(&self, m: usize) -> bool {
         let c = &self.model.config;
         m <= self.gpu.chip.gemv_max_m
             && self.one_per_slot
-            && self.gpu.chip.rope_in_attention
+            && c.head_dim >= self.gpu.chip.rope_in_attention_from
             && self
                 .flash
                 .as_ref()

@@ -40,9 +40,11 @@ pub struct ChipConfig {
     /// so each one is scheduled while its predecessor drains; `AKUNU_CHIP_DEPENDENT_LAUNCH=0`
     /// turns it off.
     pub dependent_launch: bool,
-    /// Decode attention does the token's QK-norm, RoPE and KV store itself (one launch fewer
-    /// per layer); `AKUNU_CHIP_ROPE_IN_ATTENTION=0` keeps them a launch of their own.
-    pub rope_in_attention: bool,
+    /// Head size from which decode attention does the token's QK-norm, RoPE and KV store
+    /// itself (one launch fewer per layer); below it they keep a launch of their own. At head
+    /// size 64 (llama3.2-1b) the fused kernel measured slower on an H100
+    /// (docs/perf/2026-11-22-rope-in-attention.md). 0: always; a large value: never.
+    pub rope_in_attention_from: usize,
 }
 
 fn env_override(name: &str, default: usize) -> usize {
@@ -125,7 +127,7 @@ impl ChipConfig {
             gemv_max_m: env_override("gemv_max_m", crate::matmul::MAX_M)
                 .clamp(1, crate::matmul::MAX_M),
             dependent_launch: major >= 9 && env_override("dependent_launch", 1) != 0,
-            rope_in_attention: env_override("rope_in_attention", 1) != 0,
+            rope_in_attention_from: env_override("rope_in_attention_from", 128),
         }
     }
 }
