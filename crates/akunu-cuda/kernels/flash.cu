@@ -38,6 +38,7 @@
 #include "common.cuh"
 #include "mma.cuh"
 #include "actq.cuh"
+#include "rope.cuh"
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
@@ -751,12 +752,7 @@ struct DecodeRope {
 
     // This thread's pair's cos and sin at `pos`, before the wait.
     __device__ __forceinline__ void angles(const FlashParams& p, u32 pos, float freq) {
-        if (threadIdx.x < p.n_rot / 2) {
-            double s, c;
-            sincos((double)((float)pos * freq), &s, &c);
-            cs[2 * threadIdx.x] = (float)c;
-            cs[2 * threadIdx.x + 1] = (float)s;
-        }
+        if (threadIdx.x < p.n_rot / 2) rope_angle(cs, threadIdx.x, pos, freq);
     }
 
     // Head row x (element e at x[e / 32] on lane e % 32) normed with w (if `norm`) and
@@ -774,27 +770,10 @@ struct DecodeRope {
             if (e < D) hb[e] = norm ? x[j] * scale * w[j] : x[j];
         }
         __syncwarp();
-        const u32 half = p.n_rot / 2;
 #pragma unroll
         for (int j = 0; j < ROPE_PER; ++j) {
             const u32 e = lane + 32 * j;
-            float out = x[j];
-            if (e < (u32)D) out = hb[e];
-            if (e < p.n_rot) {
-                u32 i, a, b;
-                if (p.neox) {
-                    i = e < half ? e : e - half;
-                    a = i;
-                    b = i + half;
-                } else {
-                    i = e / 2;
-                    a = 2 * i;
-                    b = 2 * i + 1;
-                }
-                const float c = cs[2 * i], s = cs[2 * i + 1];
-                out = e == a ? hb[a] * c - hb[b] * s : hb[a] * s + hb[b] * c;
-            }
-            y[j] = out;
+            y[j] = e < p.n_rot ? rope_element(hb, cs, e, p.n_rot, p.neox) : e < (u32)D ? hb[e] : x[j];
         }
         __syncwarp();
     }

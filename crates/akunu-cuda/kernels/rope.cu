@@ -1,11 +1,9 @@
 // The fused step between the q/k/v projections and attention: per token, optional RMSNorm of
 // every Q and K head (QK-norm), RoPE of Q and K, Q rounded to f16 precision in place (the
 // precision attention reads it at), and K and V written as f16 into the cache at the token's
-// (slot, position). The cache is [slot][kv_head][position][dim].
-//
-// Angles follow the CPU backend: the f32 product position * inv_freq[i], then its sine and
-// cosine to f32 accuracy (computed in f64: fast-math sinf would be far off for large angles).
+// (slot, position). The cache is [slot][kv_head][position][dim]. The rotation is rope.cuh's.
 #include "common.cuh"
+#include "rope.cuh"
 
 #define ROPE_THREADS 256
 #define ROPE_WARPS (ROPE_THREADS / 32)
@@ -29,13 +27,7 @@ qk_rope_store(float* q, const float* k, const float* v, const float* q_norm, con
     const u32 pos = positions[t], slot = slots[t];
     const bool store = pos < n_ctx;
     const u32 half = n_rot / 2;
-    for (u32 i = threadIdx.x; i < half; i += blockDim.x) {
-        const float angle = (float)pos * inv_freq[i];
-        double s, c;
-        sincos((double)angle, &s, &c);
-        cos_sin[2 * i] = (float)c;
-        cos_sin[2 * i + 1] = (float)s;
-    }
+    for (u32 i = threadIdx.x; i < half; i += blockDim.x) rope_angle(cos_sin, i, pos, inv_freq[i]);
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 hh = blockIdx.y * ROPE_WARPS + warp;
     const bool is_q = hh < n_head;
@@ -83,21 +75,7 @@ qk_rope_store(float* q, const float* k, const float* v, const float* q_norm, con
     u16* k_dst = kcache + (((u64)slot * n_head_kv + g) * n_ctx + pos) * head_dim;
     if (!is_q && !store) return;
     for (u32 e = lane; e < head_dim; e += 32) {
-        float y = hb[e];
-        if (e < n_rot) {
-            u32 i, a, b;
-            if (neox) {
-                i = e < half ? e : e - half;
-                a = i;
-                b = i + half;
-            } else {
-                i = e / 2;
-                a = 2 * i;
-                b = 2 * i + 1;
-            }
-            const float c = cos_sin[2 * i], s = cos_sin[2 * i + 1];
-            y = e == a ? hb[a] * c - hb[b] * s : hb[a] * s + hb[b] * c;
-        }
+        const float y = e < n_rot ? rope_element(hb, cos_sin, e, n_rot, neox) : hb[e];
         if (is_q) {
             q_dst[e] = f16_to_f32(f32_to_f16(y));
         } else {

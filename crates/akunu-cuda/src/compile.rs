@@ -21,6 +21,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("quant.cuh", include_str!("../kernels/quant.cuh")),
     ("mma.cuh", include_str!("../kernels/mma.cuh")),
     ("actq.cuh", include_str!("../kernels/actq.cuh")),
+    ("rope.cuh", include_str!("../kernels/rope.cuh")),
     ("embed.cu", include_str!("../kernels/embed.cu")),
     ("gemv.cu", include_str!("../kernels/gemv.cu")),
     ("gemm.cu", include_str!("../kernels/gemm.cu")),
