@@ -139,6 +139,11 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {
 #endif
 }
 
+// One value in the element type's bits.
+__device__ __forceinline__ u16 to_elem(float x) {
+    return (u16)(pack2(x, 0.f) & 0xffffu);
+}
+
 __device__ __forceinline__ void mma(float (&acc)[4], const u32 (&a)[4], u32 b0, u32 b1) {
 #if KV_BF16
     mma_16816_bf16(acc, a, b0, b1);
@@ -811,7 +816,7 @@ struct DecodeRope {
             for (int j = 0; j < ROPE_PER; ++j) {
                 const int e = lane + 32 * j;
                 if (e >= D) break;
-                const u16 h = tok >= 0 ? (u16)(pack2(y[j], 0.f) & 0xffffu) : 0;
+                const u16 h = tok >= 0 ? to_elem(y[j]) : 0;
                 asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(qs + fswz(QROW, r, e / 8) + (e % 8) * 2), "h"(h) : "memory");
             }
         }
@@ -819,11 +824,11 @@ struct DecodeRope {
             rotate(p, xk, wk, p.k_norm != nullptr, warp, lane, y);
 #pragma unroll
             for (int j = 0; j < ROPE_PER; ++j)
-                if (lane + 32 * j < D) k[lane + 32 * j] = (u16)(pack2(y[j], 0.f) & 0xffffu);
+                if (lane + 32 * j < D) k[lane + 32 * j] = to_elem(y[j]);
         } else if (warp == DEC_WARPS - 2) {
 #pragma unroll
             for (int j = 0; j < ROPE_PER_V; ++j)
-                if (lane + 32 * j < DV) v[lane + 32 * j] = (u16)(pack2(xv[j], 0.f) & 0xffffu);
+                if (lane + 32 * j < DV) v[lane + 32 * j] = to_elem(xv[j]);
         }
     }
 

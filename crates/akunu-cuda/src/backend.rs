@@ -78,12 +78,7 @@ enum Step {
     },
     QkRopeStore {
         layer: usize,
-        q_norm: Option<DeviceBuffer>,
-        k_norm: Option<DeviceBuffer>,
-        eps: f32,
-        style: RopeStyle,
-        n_rot: usize,
-        inv_freq: DeviceBuffer,
+        rope: LayerRope,
     },
     Attention {
         layer: usize,
@@ -106,6 +101,16 @@ enum Step {
         w: usize,
         softcap: Option<f32>,
     },
+}
+
+/// A layer's rotation of Q and K: the QK-norm weights (if any), then RoPE.
+struct LayerRope {
+    q_norm: Option<DeviceBuffer>,
+    k_norm: Option<DeviceBuffer>,
+    eps: f32,
+    style: RopeStyle,
+    n_rot: usize,
+    inv_freq: DeviceBuffer,
 }
 
 /// A captured pass.
@@ -440,27 +445,18 @@ impl CudaBackend {
 
     /// The rotation of the `QkRopeStore` step `i`, for the attention kernel.
     fn flash_rope(&self, i: usize) -> Option<FlashRope> {
-        let Step::QkRopeStore {
-            q_norm,
-            k_norm,
-            eps,
-            style,
-            n_rot,
-            inv_freq,
-            ..
-        } = self.steps.get(i)?
-        else {
+        let Step::QkRopeStore { rope: r, .. } = self.steps.get(i)? else {
             return None;
         };
         Some(FlashRope {
             k_new: self.buf(Buf::K),
             v_new: self.buf(Buf::V),
-            q_norm: q_norm.as_ref().map_or(0, |b| b.ptr()),
-            k_norm: k_norm.as_ref().map_or(0, |b| b.ptr()),
-            eps: *eps,
-            neox: *style == RopeStyle::Neox,
-            n_rot: *n_rot,
-            inv_freq: inv_freq.ptr(),
+            q_norm: r.q_norm.as_ref().map_or(0, |b| b.ptr()),
+            k_norm: r.k_norm.as_ref().map_or(0, |b| b.ptr()),
+            eps: r.eps,
+            neox: r.style == RopeStyle::Neox,
+            n_rot: r.n_rot,
+            inv_freq: r.inv_freq.ptr(),
         })
     }
 
@@ -598,15 +594,7 @@ impl CudaBackend {
                     )
                 }
             }
-            Step::QkRopeStore {
-                layer,
-                q_norm,
-                k_norm,
-                eps,
-                style,
-                n_rot,
-                inv_freq,
-            } => {
+            Step::QkRopeStore { layer, rope: r } => {
                 if let Some(Step::Attention { rope: Some(_), .. }) = self.steps.get(i + 1) {
                     if self.rope_in_attention(m) {
                         return Ok(());
@@ -624,12 +612,12 @@ impl CudaBackend {
                         n_head_kv: c.n_head_kv,
                         head_dim: c.head_dim,
                         head_dim_v: c.head_dim_v,
-                        q_norm: q_norm.as_ref().map(|b| b.ptr()),
-                        k_norm: k_norm.as_ref().map(|b| b.ptr()),
-                        eps: *eps,
-                        style: *style,
-                        n_rot: *n_rot,
-                        inv_freq: inv_freq.ptr(),
+                        q_norm: r.q_norm.as_ref().map(|b| b.ptr()),
+                        k_norm: r.k_norm.as_ref().map(|b| b.ptr()),
+                        eps: r.eps,
+                        style: r.style,
+                        n_rot: r.n_rot,
+                        inv_freq: r.inv_freq.ptr(),
                         positions: self.meta_ptr(l.positions),
                         slots: self.meta_ptr(l.slots),
                         k_cache: kv.k.ptr(),
@@ -1090,12 +1078,14 @@ fn lower(
                     ) if rope == rk && rope.head_dim == model.config.head_dim => {
                         steps.push(Step::QkRopeStore {
                             layer: *layer,
-                            q_norm,
-                            k_norm,
-                            eps,
-                            style: rope.style,
-                            n_rot: rope.n_rot,
-                            inv_freq: gpu.upload(&rope.inv_freq)?,
+                            rope: LayerRope {
+                                q_norm,
+                                k_norm,
+                                eps,
+                                style: rope.style,
+                                n_rot: rope.n_rot,
+                                inv_freq: gpu.upload(&rope.inv_freq)?,
+                            },
                         });
                         labels.push(format!("blk.{layer}.qk_rope_kv"));
                     }
