@@ -24,7 +24,9 @@
 //    ldmatrix is conflict-free.
 // 4. Prefill (flash_prefill): four warps own two 16-row tiles each (one for head sizes past
 //    128), so each K or V fragment feeds two MMAs per tile, and share BN-key tiles, double
-//    buffered with cp.async. Decode (flash_decode): one 16-row tile, the block's keys cut into
+//    buffered with cp.async. On Hopper, head sizes 64 and 128 prefill on wgmma instead
+//    (flash_prefill_wg: a producer warpgroup and two consumer warpgroups, see there).
+//    Decode (flash_decode): one 16-row tile, the block's keys cut into
 //    four contiguous ranges, one per warp, each warp streaming its own range through a
 //    three-stage cp.async ring of 16-key tiles with no block-wide barrier; the warps' states
 //    merge through shared memory at the end. Decode is bound by memory: many warps, each with
@@ -55,6 +57,12 @@
 #ifndef OUT_F32
 #define OUT_F32 0
 #endif
+#if KV_BF16
+#define WG_T "bf16"
+#else
+#define WG_T "f16"
+#endif
+#include "wgmma.cuh"
 
 #define FLASH_NEG_INF __int_as_float(0xff800000)
 #define FLASH_LOG2E 1.4426950408889634f
@@ -129,6 +137,19 @@ struct FlashParams {
 __device__ __forceinline__ u32 fswz(u32 row_bytes, int r, int c) {
     const int mask = row_bytes >= 128 ? 7 : (int)(row_bytes / 16) - 1;
     return (u32)r * row_bytes + ((u32)(c ^ (r & mask)) << 4);
+}
+
+// The same for a tile of `rows` rows laid out for wgmma (wgmma.cuh): column blocks of 64
+// elements, 128-byte rows, chunks swizzled by the row's low three bits.
+__device__ __forceinline__ u32 wswz(u32 rows, int r, int c) {
+    return (u32)(c >> 3) * rows * 128 + (u32)r * 128 + ((u32)((c & 7) ^ (r & 7)) << 4);
+}
+
+// Chunk c of row r of a tile: the mma.sync layout (fswz), or with WG the wgmma one (wswz).
+template <bool WG, u32 ROW, u32 ROWS>
+__device__ __forceinline__ u32 tile_at(int r, int c) {
+    if constexpr (WG) return wswz(ROWS, r, c);
+    else return fswz(ROW, r, c);
 }
 
 __device__ __forceinline__ u32 pack2(float lo, float hi) {
@@ -231,14 +252,14 @@ __device__ __forceinline__ void split_slice(u32 n_split, u32 blo, u32 bhi, u32 g
 }
 
 // Queries of the tile into shared memory as 16-byte chunks, zeros for rows past the tile.
-template <int BM, int THREADS>
+template <int BM, int THREADS, bool WG = false>
 __device__ __forceinline__ void load_q(const FlashParams& p, u32 base, const int* row_tok,
-                                       const int* row_head) {
+                                       const int* row_head, int tid) {
     constexpr int CH = D / 8;
-    for (int i = threadIdx.x; i < BM * CH; i += THREADS) {
+    for (int i = tid; i < BM * CH; i += THREADS) {
         const int r = i / CH, c = i % CH;
         const int t = row_tok[r];
-        const u32 dst = base + fswz(QROW, r, c);
+        const u32 dst = base + tile_at<WG, QROW, BM>(r, c);
 #if Q_F32
         uint4 h = make_uint4(0, 0, 0, 0);
         if (t >= 0) {
@@ -262,23 +283,26 @@ __device__ __forceinline__ void load_q(const FlashParams& p, u32 base, const int
 // at dst, by THREADS threads. Where CH divides THREADS, thread tid always moves chunk tid % CH of
 // rows tid / CH + j * THREADS / CH, so each copy costs an add and the swizzle. Rows at or past
 // `avail` read as zeros (they are masked, or belong to no query).
-template <int THREADS, int KEYS, int CH, u32 ROW>
+template <int THREADS, int KEYS, int CH, u32 ROW, bool WG = false>
 __device__ __forceinline__ void load_rows(u32 dst, const u16* src, long long stride, u32 avail, int tid) {
     constexpr int RPP = THREADS / CH;  // rows per pass
     if constexpr (THREADS % CH == 0 && KEYS % RPP == 0) {
         const int r0 = tid / CH, c = tid % CH;
         const u16* s = src + r0 * stride + c * 8;
-#pragma unroll
+        // Fully unrolled where the loads share the compute warps' registers; a few at a time
+        // in wgmma prefill's producer, which has few registers.
+        constexpr int UNROLL = WG ? 2 : KEYS / RPP;
+#pragma unroll UNROLL
         for (int j = 0; j < KEYS / RPP; ++j) {
             const int r = r0 + j * RPP;
             const bool ok = (u32)r < avail;
-            cp_async16(dst + fswz(ROW, r, c), ok ? s + j * RPP * stride : src, ok ? 16 : 0);
+            cp_async16(dst + tile_at<WG, ROW, KEYS>(r, c), ok ? s + j * RPP * stride : src, ok ? 16 : 0);
         }
     } else {
         for (int i = tid; i < KEYS * CH; i += THREADS) {
             const int r = i / CH, c = i % CH;
             const bool ok = (u32)r < avail;
-            cp_async16(dst + fswz(ROW, r, c), ok ? src + r * stride + c * 8 : src, ok ? 16 : 0);
+            cp_async16(dst + tile_at<WG, ROW, KEYS>(r, c), ok ? src + r * stride + c * 8 : src, ok ? 16 : 0);
         }
     }
 }
@@ -352,6 +376,110 @@ __device__ __forceinline__ void dump_tile(float* dst, const float (&s)[KN / 8][4
 }
 #endif
 
+// A step's scores, -inf where masked (the per-element mask only where some row of the warp
+// does not see the whole step), soft-capped into the log2 domain where asked for. Returns the
+// factor that takes them to the log2 domain: the scale, folded into softmax_probs' exponent,
+// or 1 after soft-capping.
+template <int KN, int MT>
+__device__ __forceinline__ float mask_scores(const FlashParams& p, float (&s)[MT][KN / 8][4],
+                                            const RowMask (&rm)[MT][2], u32 k0, u32 seq, int lane) {
+    bool whole = !p.q_seg && !p.tree_mask;
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+            whole = whole && (!rm[m][i].valid() || (k0 >= rm[m][i].lo && k0 + KN <= rm[m][i].hi));
+    whole = __all_sync(0xffffffffu, whole);
+    // Uniform branches outside the element loops, so the common path is straight-line code.
+    float unit = p.scale * FLASH_LOG2E;
+    if (p.softcap > 0.f) {
+        const float inv_cap = p.scale / p.softcap, cap_log2 = p.softcap * FLASH_LOG2E;
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int nt = 0; nt < KN / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[m][nt][e] = cap_log2 * tanh_accurate(s[m][nt][e] * inv_cap);
+        unit = 1.f;
+    }
+    if (!whole) {
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int nt = 0; nt < KN / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (!visible(p, rm[m][e >> 1], seq, k0 + nt * 8 + 2 * (lane & 3) + (e & 1)))
+                        s[m][nt][e] = FLASH_NEG_INF;
+    }
+    return unit;
+}
+
+// The online-softmax update of a step whose scores times `unit` (positive) are in the log2
+// domain: running maxima, the scores turned into probabilities and added to the row sums, and
+// in `corr` the factors the output must be rescaled by (all ones when the function returns
+// true, so the rescale can be skipped).
+template <int KN, int MT>
+__device__ __forceinline__ bool softmax_probs(WarpState (&st)[MT], float (&s)[MT][KN / 8][4], float (&corr)[MT][2],
+                                              float unit) {
+    float use_max[MT][2];
+    bool same = true;
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            float mx = FLASH_NEG_INF;
+#pragma unroll
+            for (int nt = 0; nt < KN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[m][nt][2 * i], s[m][nt][2 * i + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            mx = fmaxf(st[m].row_max[i], mx * unit);
+            corr[m][i] = mx == st[m].row_max[i] || mx == FLASH_NEG_INF ? 1.f : exp2f(st[m].row_max[i] - mx);
+            same = same && corr[m][i] == 1.f;
+            st[m].row_max[i] = mx;
+            use_max[m][i] = mx == FLASH_NEG_INF ? 0.f : mx;
+            st[m].row_sum[i] *= corr[m][i];
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int nt = 0; nt < KN / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float pr = exp2f(fmaf(s[m][nt][e], unit, -use_max[m][e >> 1]));
+                s[m][nt][e] = pr;
+                st[m].row_sum[e >> 1] += pr;
+            }
+        }
+    // Once the maxima settle, most steps leave them unchanged.
+    return __all_sync(0xffffffffu, same);
+}
+
+// The output rows times the step's rescale factors (softmax_probs), unless they are all ones.
+template <int MT>
+__device__ __forceinline__ void rescale_out(WarpState (&st)[MT], const float (&corr)[MT][2], bool same) {
+    if (same) return;
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int dt = 0; dt < DV / 8; ++dt) {
+            st[m].o[dt][0] *= corr[m][0];
+            st[m].o[dt][1] *= corr[m][0];
+            st[m].o[dt][2] *= corr[m][1];
+            st[m].o[dt][3] *= corr[m][1];
+        }
+}
+
+// Probabilities of keys 16kk..16kk+15 as an A fragment (the C fragments' layout matches, FA2).
+template <int KN>
+__device__ __forceinline__ void prob_frag(const float (&s)[KN / 8][4], int kk, u32 (&a)[4]) {
+    a[0] = pack2(s[2 * kk][0], s[2 * kk][1]);
+    a[1] = pack2(s[2 * kk][2], s[2 * kk][3]);
+    a[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    a[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
 // One warp step over KN keys from k0, whose K and V tiles are at ks and vs, for MT tiles of 16
 // rows (each K or V fragment feeds MT MMAs). `dbg` (debug builds) receives the first row
 // tile's state after this step, or is null.
@@ -381,99 +509,19 @@ __device__ __forceinline__ void attend(const FlashParams& p, WarpState (&st)[MT]
         }
     }
 
-    // Scores in the log2 domain; the per-element mask only where some row of the warp does not
-    // see the whole step.
-    bool whole = !p.q_seg && !p.tree_mask;
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-            whole = whole && (!rm[m][i].valid() || (k0 >= rm[m][i].lo && k0 + KN <= rm[m][i].hi));
-    whole = __all_sync(0xffffffffu, whole);
-    // Uniform branches outside the element loops, so the common path is straight-line code.
-    if (p.softcap > 0.f) {
-        const float inv_cap = p.scale / p.softcap, cap_log2 = p.softcap * FLASH_LOG2E;
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int nt = 0; nt < KN / 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[m][nt][e] = cap_log2 * tanh_accurate(s[m][nt][e] * inv_cap);
-    } else {
-        const float scale_log2 = p.scale * FLASH_LOG2E;
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int nt = 0; nt < KN / 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[m][nt][e] *= scale_log2;
-    }
-    if (!whole) {
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int nt = 0; nt < KN / 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    if (!visible(p, rm[m][e >> 1], seq, k0 + nt * 8 + 2 * (lane & 3) + (e & 1)))
-                        s[m][nt][e] = FLASH_NEG_INF;
-    }
+    const float unit = mask_scores<KN, MT>(p, s, rm, k0, seq, lane);
 #ifdef FLASH_DEBUG
-    if (dbg) dump_tile<KN>(dbg, s[0], FLASH_LN2, lane);
+    if (dbg) dump_tile<KN>(dbg, s[0], unit * FLASH_LN2, lane);
 #endif
-
-    float use_max[MT][2], corr[MT][2];
-    bool same = true;
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            float mx = st[m].row_max[i];
-#pragma unroll
-            for (int nt = 0; nt < KN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[m][nt][2 * i], s[m][nt][2 * i + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            corr[m][i] = mx == st[m].row_max[i] || mx == FLASH_NEG_INF ? 1.f : exp2f(st[m].row_max[i] - mx);
-            same = same && corr[m][i] == 1.f;
-            st[m].row_max[i] = mx;
-            use_max[m][i] = mx == FLASH_NEG_INF ? 0.f : mx;
-            st[m].row_sum[i] *= corr[m][i];
-        }
-    }
-    // Once the maxima settle, most steps leave them unchanged: skip the rescale then.
-    if (!__all_sync(0xffffffffu, same)) {
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int dt = 0; dt < DV / 8; ++dt) {
-                st[m].o[dt][0] *= corr[m][0];
-                st[m].o[dt][1] *= corr[m][0];
-                st[m].o[dt][2] *= corr[m][1];
-                st[m].o[dt][3] *= corr[m][1];
-            }
-    }
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-        for (int nt = 0; nt < KN / 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float pr = exp2f(s[m][nt][e] - use_max[m][e >> 1]);
-                s[m][nt][e] = pr;
-                st[m].row_sum[e >> 1] += pr;
-            }
-        }
+    float corr[MT][2];
+    const bool same = softmax_probs<KN, MT>(st, s, corr, unit);
+    rescale_out<MT>(st, corr, same);
 
 #pragma unroll
     for (int kk = 0; kk < KN / 16; ++kk) {
         u32 a[MT][4];
 #pragma unroll
-        for (int m = 0; m < MT; ++m) {
-            a[m][0] = pack2(s[m][2 * kk][0], s[m][2 * kk][1]);
-            a[m][1] = pack2(s[m][2 * kk][2], s[m][2 * kk][3]);
-            a[m][2] = pack2(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
-            a[m][3] = pack2(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
-        }
+        for (int m = 0; m < MT; ++m) prob_frag<KN>(s[m], kk, a[m]);
 #pragma unroll
         for (int dp = 0; dp < DV / 16; ++dp) {
             u32 b[4];
@@ -545,19 +593,25 @@ __device__ __forceinline__ void store_act(const FlashParams& p, bool valid, int 
     if (at % 32 == 0) p.act_s[at / 32] = sums;
 }
 
+// A barrier over the block (BAR 0), or over the THREADS threads that use named barrier BAR.
+template <int THREADS, int BAR>
+__device__ __forceinline__ void sync_threads() {
+    if constexpr (BAR == 0) __syncthreads();
+    else asm volatile("bar.sync %0, %1;\n" ::"n"(BAR), "n"(THREADS) : "memory");
+}
+
 // After every thread stored this split's partial rows: the last of the tile's n_split splits to
 // get here merges their rows into the output and re-arms the tile's counter (for the next
 // launch, a graph replay included). One pass over the splits, rescaling as the maximum grows.
-template <int BM, int THREADS>
+template <int BM, int THREADS, int BAR = 0>
 __device__ void merge_splits(const FlashParams& p, u32 n_split, const int* row_tok,
-                             const int* row_head) {
+                             const int* row_head, int tid) {
     __shared__ bool last;
-    const int tid = threadIdx.x;
     const u32 slot = blockIdx.x * gridDim.y + blockIdx.y;
     __threadfence();
-    __syncthreads();
+    sync_threads<THREADS, BAR>();
     if (tid == 0) last = atomicAdd(&p.counters[slot], 1u) == n_split - 1;
-    __syncthreads();
+    sync_threads<THREADS, BAR>();
     if (!last) return;
     __threadfence();
     const u64 stride = (u64)p.n_tokens * p.n_head;
@@ -597,6 +651,28 @@ __device__ void merge_splits(const FlashParams& p, u32 n_split, const int* row_t
         store_act<4>(p, valid, t, h, c, out);
     }
     if (tid == 0) p.counters[slot] = 0;
+}
+
+// A prefill warp's finished rows (rows[m][i] of the tile: C-fragment rows lane / 4 and
+// lane / 4 + 8 of its row tiles), normalised, into the output or the split's partials.
+template <int MT>
+__device__ __forceinline__ void store_rows(const FlashParams& p, const WarpState (&st)[MT], const int (&rows)[MT][2],
+                                           const int* row_tok, const int* row_head, int lane) {
+    const bool partial = p.n_split > 1;
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const float l = st[m].sum(i);
+            const int t = row_tok[rows[m][i]];
+            if (t < 0) continue;
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            const float lse2 = l > 0.f ? st[m].row_max[i] + __log2f(l) : FLASH_NEG_INF;
+#pragma unroll
+            for (int dt = 0; dt < DV / 8; ++dt)
+                store2(p, partial, t, row_head[rows[m][i]], dt * 8 + 2 * (lane & 3), st[m].o[dt][2 * i] * inv,
+                       st[m].o[dt][2 * i + 1] * inv, lse2, dt == 0 && (lane & 3) == 0);
+        }
 }
 
 // Prefill and chunked prefill: 4 warps of 16 * PREFILL_MT rows share BN-key tiles; two blocks
@@ -642,7 +718,7 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
     const u16* vg = p.v + seq * p.v_seq + g * p.v_head;
     // One commit group per step (the queries ride with the first), so waiting for all but the
     // newest PREFILL_STAGES - 1 groups waits for the step's tiles.
-    load_q<BM, THREADS>(p, base, row_tok, row_head);
+    load_q<BM, THREADS>(p, base, row_tok, row_head, tid);
 #pragma unroll
     for (int s = 0; s < PREFILL_STAGES - 1; ++s) {
         if (s < steps) {
@@ -681,23 +757,171 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
     }
     cp_async_wait_all();
 
-    const bool partial = p.n_split > 1;
+    store_rows<MT>(p, st, rows, row_tok, row_head, lane);
+    if (p.n_split > 1) merge_splits<BM, THREADS>(p, p.n_split, row_tok, row_head, tid);
+}
+
+#if defined(AKUNU_WGMMA) && (HEAD_DIM == 64 || HEAD_DIM == 128) && HEAD_DIM_V == HEAD_DIM && !defined(FLASH_DEBUG)
+// Prefill on Hopper's warpgroup MMA (sm_90a, head sizes 64 and 128), warp-specialised:
+// - a producer warpgroup streams WG_BN-key tiles of K and of V with cp.async into two rings of
+//   WG_STAGES stages in wgmma's swizzled layout; each stage has a "full" mbarrier (the copies
+//   landed) and an "empty" one (the consumers are done with it);
+// - two consumer warpgroups of 64 rows each. Step j issues S_j = Q K_j^T and then
+//   O += P_{j-1} V_{j-1} (P from registers), waits for S_j only and runs flash_prefill's
+//   masking and online softmax while the tensor cores work on P_{j-1} V_{j-1}; then it waits
+//   for that, rescales O and packs P_j. K_j is released after S_j, V_j a step later: two rings
+//   let the producer run two steps ahead on both.
+// No block-wide barrier in the loop, so the consumers drift apart and overlap each other's
+// softmax with their products. The producer gives its registers to the consumers (setmaxnreg).
+// Grid and tile list as flash_prefill (128 rows a tile).
+constexpr int WG_BN = 128;
+constexpr int WG_STAGES = 3;
+constexpr int WG_PRODUCER_REGS = 40, WG_CONSUMER_REGS = 232;
+
+template <int N>
+__device__ __forceinline__ void wg_qk(float (&d)[N / 8][4], u64 da, u64 db, int accumulate) {
+    if constexpr (N == 64) wgmma_ss64(d, da, db, accumulate);
+    else wgmma_ss128(d, da, db, accumulate);
+}
+template <int N>
+__device__ __forceinline__ void wg_pv(float (&d)[N / 8][4], const u32 (&a)[4], u64 db) {
+    if constexpr (N == 64) wgmma_rs64_mn(d, a, db);
+    else wgmma_rs128_mn(d, a, db);
+}
+
+// O += P V for one step's probabilities `a` and V tile at vs (issued, not waited for).
+template <int BN_>
+__device__ __forceinline__ void wg_issue_pv(WarpState& st, const u32 (&a)[BN_ / 16][4], u32 vs) {
 #pragma unroll
-    for (int m = 0; m < MT; ++m)
+    for (int kk = 0; kk < BN_ / 16; ++kk) wg_pv<DV>(st.o, a[kk], wgmma_desc(vs + kk * 16 * 128, BN_ * 128, 1024));
+}
+
+// Ring slot of step j and the parity of its n-th use (n = j / WG_STAGES).
+__device__ __forceinline__ u32 ring_parity(int j) { return (u32)(j / WG_STAGES) & 1; }
+
+extern "C" __global__ void __launch_bounds__(384, 1) flash_prefill_wg(const FlashParams p) {
+    pdl_begin();
+    constexpr int BM = 128, BN_ = WG_BN, CONSUMERS = 256;
+    constexpr u32 Q_BYTES = BM * QROW, K_BYTES = BN_ * KROW, V_BYTES = BN_ * VROW;
+    extern __shared__ __align__(128) u8 smem[];
+    __shared__ int row_tok[BM], row_head[BM];
+    __shared__ u32 block_range[2];
+    // full[0..S) and empty[0..S) for K, then the same for V.
+    __shared__ __align__(8) u64 full[2 * WG_STAGES], empty[2 * WG_STAGES];
+    // Swizzle atoms start on 1024-byte boundaries (the host adds the slack).
+    const u32 base = (smem_addr(smem) + 1023u) & ~1023u;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp >> 2;
+
+    u32 t0 = blockIdx.x, ntok = 1;
+    if (p.tiles) {
+        t0 = p.tiles[2 * blockIdx.x];
+        ntok = p.tiles[2 * blockIdx.x + 1];
+    }
+    const u32 seq = p.q_seq[t0];
+    const u32 kv_len = p.kv_len ? min(p.kv_len[seq], p.n_ctx) : p.n_ctx;
+    tile_rows<BM, 384>(p, t0, ntok, kv_len, row_tok, row_head, block_range);
+    if (threadIdx.x < 2 * WG_STAGES) {
+        mbar_init(smem_addr(&full[threadIdx.x]), 128);
+        mbar_init(smem_addr(&empty[threadIdx.x]), CONSUMERS / 32);
+    }
+    __syncthreads();
+    u32 kb, ke;
+    split_slice(p.n_split, block_range[0], block_range[1], BN_, kb, ke);
+    const int steps = (int)((ke - kb + BN_ - 1) / BN_);
+    const auto k_tile = [&](int j) { return base + Q_BYTES + (u32)(j % WG_STAGES) * K_BYTES; };
+    const auto v_tile = [&](int j) { return base + Q_BYTES + WG_STAGES * K_BYTES + (u32)(j % WG_STAGES) * V_BYTES; };
+    const auto bar = [&](u64* b, int ring, int j) { return smem_addr(&b[ring * WG_STAGES + j % WG_STAGES]); };
+
+    if (wg == 0) {
+        // Producer: K_j and V_j into their rings once the consumers released the tiles of step
+        // j - WG_STAGES; each thread's copies arrive on the stage's full barrier as they land.
+        regs_lower<WG_PRODUCER_REGS>();
+        const u32 g = blockIdx.y % p.n_head_kv;
+        const u16* kg = p.k + seq * p.k_seq + g * p.k_head;
+        const u16* vg = p.v + seq * p.v_seq + g * p.v_head;
+        const int tid = threadIdx.x;
+        for (int j = 0; j < steps; ++j) {
+            const u32 k0 = kb + j * BN_;
+            if (j >= WG_STAGES) mbar_wait(bar(empty, 0, j), ring_parity(j) ^ 1);
+            load_rows<128, BN_, D / 8, KROW, true>(k_tile(j), kg + k0 * p.k_pos, p.k_pos, ke - k0, tid);
+            mbar_arrive_cp_async(bar(full, 0, j));
+            if (j >= WG_STAGES) mbar_wait(bar(empty, 1, j), ring_parity(j) ^ 1);
+            load_rows<128, BN_, DV / 8, VROW, true>(v_tile(j), vg + k0 * p.v_pos, p.v_pos, ke - k0, tid);
+            mbar_arrive_cp_async(bar(full, 1, j));
+        }
+        cp_async_wait_all();
+    } else {
+        regs_raise<WG_CONSUMER_REGS>();
+        const int tid = threadIdx.x - 128, cw = wg - 1;
+        int rows[1][2];
+        RowMask rm[1][2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            const float l = st[m].sum(i);
-            const int t = row_tok[rows[m][i]];
-            if (t < 0) continue;
-            const float inv = l > 0.f ? 1.f / l : 0.f;
-            const float lse2 = l > 0.f ? st[m].row_max[i] + __log2f(l) : FLASH_NEG_INF;
-#pragma unroll
-            for (int dt = 0; dt < DV / 8; ++dt)
-                store2(p, partial, t, row_head[rows[m][i]], dt * 8 + 2 * (lane & 3), st[m].o[dt][2 * i] * inv,
-                       st[m].o[dt][2 * i + 1] * inv, lse2, dt == 0 && (lane & 3) == 0);
+            rows[0][i] = cw * 64 + (warp & 3) * 16 + (lane >> 2) + 8 * i;
+            rm[0][i] = row_mask(p, row_tok[rows[0][i]], kv_len);
         }
-    if (partial) merge_splits<BM, THREADS>(p, p.n_split, row_tok, row_head);
+        load_q<BM, CONSUMERS, true>(p, base, row_tok, row_head, tid);
+        cp_async_commit();
+        cp_async_wait_all();
+        fence_async_shared();
+        sync_threads<CONSUMERS, 1>();
+
+        WarpState st[1];
+        st[0].init();
+        // This warpgroup's 64 rows inside each 128-row column block of Q.
+        const u32 q_at = base + cw * 64 * 128;
+        u32 a[BN_ / 16][4];
+        for (int j = 0; j < steps; ++j) {
+            // cp.async writes through the generic proxy, wgmma reads through the async one.
+            mbar_wait(bar(full, 0, j), ring_parity(j));
+            fence_async_shared();
+            const u32 ks = k_tile(j);
+            float s[1][BN_ / 8][4];
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                const u32 col = kk >> 2, within = (kk & 3) * 32u;
+                wg_qk<BN_>(s[0], wgmma_desc(q_at + col * BM * 128 + within, 16, 1024),
+                           wgmma_desc(ks + col * BN_ * 128 + within, 16, 1024), kk > 0);
+            }
+            wgmma_commit();
+            if (j > 0) {
+                mbar_wait(bar(full, 1, j - 1), ring_parity(j - 1));
+                fence_async_shared();
+                wg_issue_pv<BN_>(st[0], a, v_tile(j - 1));
+                wgmma_commit();
+                wgmma_wait<1>();
+            } else {
+                wgmma_wait<0>();
+            }
+            wgmma_fence_regs(s[0]);
+            if (lane == 0) mbar_arrive(bar(empty, 0, j));
+
+            const float unit = mask_scores<BN_, 1>(p, s, rm, kb + j * BN_, seq, lane);
+            float corr[1][2];
+            const bool same = softmax_probs<BN_, 1>(st, s, corr, unit);
+            wgmma_wait<0>();
+            wgmma_fence_regs(st[0].o);
+            if (j > 0 && lane == 0) mbar_arrive(bar(empty, 1, j - 1));
+            rescale_out<1>(st, corr, same);
+#pragma unroll
+            for (int kk = 0; kk < BN_ / 16; ++kk) prob_frag<BN_>(s[0], kk, a[kk]);
+        }
+        if (steps > 0) {
+            mbar_wait(bar(full, 1, steps - 1), ring_parity(steps - 1));
+            fence_async_shared();
+            wgmma_fence();
+            wg_issue_pv<BN_>(st[0], a, v_tile(steps - 1));
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_fence_regs(st[0].o);
+        }
+
+        store_rows<1>(p, st, rows, row_tok, row_head, lane);
+        if (p.n_split > 1) merge_splits<BM, CONSUMERS, 1>(p, p.n_split, row_tok, row_head, tid);
+    }
 }
+#endif
 
 // One warp's ring of DEC_STAGES tiles of DEC_KEYS keys, filled by cp.async: one commit group
 // per step, so waiting for all but the newest DEC_STAGES - 1 groups waits for the oldest tile.
@@ -919,7 +1143,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
             rope.store(p, (u16*)ring.kg, (u16*)ring.vg, pos);
     } else {
         pdl_begin();
-        load_q<BM, THREADS>(p, base, row_tok, row_head);
+        load_q<BM, THREADS>(p, base, row_tok, row_head, tid);
         cp_async_commit();
 #pragma unroll
         for (int s = 0; s < DEC_STAGES - 1; ++s) ring.fill(p, s, wb + s * DEC_KEYS, lane);
@@ -1003,5 +1227,5 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
             store_act<2>(p, true, t, row_head[r], c, out);
         }
     }
-    if (partial) merge_splits<BM, THREADS>(p, n_split, row_tok, row_head);
+    if (partial) merge_splits<BM, THREADS>(p, n_split, row_tok, row_head, tid);
 }

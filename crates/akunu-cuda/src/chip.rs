@@ -45,6 +45,10 @@ pub struct ChipConfig {
     /// size 64 (llama3.2-1b) the fused kernel measured slower on an H100
     /// (docs/perf/2026-11-22-rope-in-attention.md). 0: always; a large value: never.
     pub rope_in_attention_from: usize,
+    /// Prefill attention runs on Hopper's warpgroup MMA (`flash_prefill_wg`) where the head
+    /// sizes allow (64 or 128, equal for K and V); `AKUNU_CHIP_WGMMA_ATTENTION=0` keeps the
+    /// `mma.sync` kernel.
+    pub wgmma_attention: bool,
 }
 
 fn env_override(name: &str, default: usize) -> usize {
@@ -111,6 +115,7 @@ impl ChipConfig {
         ChipConfig {
             name,
             compute_capability,
+            wgmma_attention: arch == "sm_90a" && env_override("wgmma_attention", 1) != 0,
             arch,
             sm_count,
             l2_bytes,

@@ -22,6 +22,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("mma.cuh", include_str!("../kernels/mma.cuh")),
     ("actq.cuh", include_str!("../kernels/actq.cuh")),
     ("rope.cuh", include_str!("../kernels/rope.cuh")),
+    ("wgmma.cuh", include_str!("../kernels/wgmma.cuh")),
     ("embed.cu", include_str!("../kernels/embed.cu")),
     ("gemv.cu", include_str!("../kernels/gemv.cu")),
     ("gemm.cu", include_str!("../kernels/gemm.cu")),

@@ -13,7 +13,8 @@
 //! - `flash_prefill` (four warps of 32 rows, or 16 for head sizes past 128) for runs of tokens
 //!   of one sequence: tiles of `rows / group` tokens (the query heads of a KV head are packed
 //!   as rows), uploaded as a (first token, count) list, the latest tokens first so the
-//!   longest tiles start first.
+//!   longest tiles start first. On Hopper with head sizes 64 or 128 the same tiles go to
+//!   `flash_prefill_wg` (two warpgroups of 64 rows on wgmma, 128-key steps) instead.
 //! - Split-KV when the tiles alone cannot fill the GPU: each split writes normalised partial
 //!   rows and their log-sum-exp into the scratch, and the last split of each tile to finish
 //!   merges them (a counter per tile in the scratch, re-armed by that split). The split count
@@ -40,8 +41,14 @@ const DECODE_KEYS: usize = 16;
 const DECODE_WARPS: usize = 4;
 const DECODE_STAGES: usize = 3;
 const PREFILL_STAGES: usize = 2;
-/// Both kernels run four warps.
+/// Both `mma.sync` kernels run four warps.
 const THREADS: u32 = 128;
+/// `flash_prefill_wg`: two warpgroups of 64 rows, steps of `WG_KEYS` keys, `WG_STAGES` K/V
+/// stages, and 1 KiB of slack to align the swizzled tiles.
+const WG_THREADS: u32 = 384;
+const WG_KEYS: usize = 128;
+const WG_STAGES: usize = 3;
+const WG_ALIGN: usize = 1024;
 /// Split counters (one per tile and head chunk) at the start of the scratch; a launch with
 /// more tiles than this never splits (it fills the GPU without).
 const COUNTERS: usize = 4096;
@@ -145,6 +152,19 @@ impl FlashConfig {
     /// and sum `[16]`, unnormalised output `[16][head_dim_v]`.
     pub fn debug_step_floats(&self, decode: bool) -> usize {
         2 * 16 * self.keys_per_step(decode) + 32 + 16 * self.head_dim_v
+    }
+
+    /// Whether `flash_prefill_wg` is built for these head sizes (wgmma.cuh's shapes).
+    fn has_wgmma_prefill(&self) -> bool {
+        self.head_dim == self.head_dim_v && matches!(self.head_dim, 64 | 128) && !self.debug
+    }
+
+    /// Dynamic shared memory of `flash_prefill_wg`: alignment slack, the 128-row query tile and
+    /// the K/V stages.
+    fn wgmma_smem(&self) -> usize {
+        WG_ALIGN
+            + 128 * self.head_dim * 2
+            + WG_STAGES * WG_KEYS * (self.head_dim + self.head_dim_v) * 2
     }
 
     /// Dynamic shared memory: the query tile, then the K/V stages.
@@ -360,6 +380,8 @@ struct Launch {
 pub struct FlashKernels {
     cfg: FlashConfig,
     prefill: Kernel,
+    /// `flash_prefill_wg`, where the GPU and the head sizes allow.
+    prefill_wg: Option<Kernel>,
     decode: Kernel,
     sm_count: usize,
     /// Decode blocks resident per SM (shared memory and registers allow).
@@ -402,10 +424,19 @@ impl FlashKernels {
             }
             k.set_max_dynamic_smem(smem)?;
         }
+        let prefill_wg =
+            if gpu.chip.wgmma_attention && cfg.has_wgmma_prefill() && cfg.wgmma_smem() <= limit {
+                let k = gpu.kernel("flash.cu", "flash_prefill_wg", &defines)?;
+                k.set_max_dynamic_smem(cfg.wgmma_smem())?;
+                Some(k)
+            } else {
+                None
+            };
         let decode_per_sm = gpu.blocks_per_sm(&decode, THREADS, cfg.smem(true))?.max(1);
         Ok(FlashKernels {
             cfg,
             prefill,
+            prefill_wg,
             decode,
             sm_count: gpu.chip.sm_count,
             decode_per_sm,
@@ -414,6 +445,15 @@ impl FlashKernels {
 
     pub fn config(&self) -> &FlashConfig {
         &self.cfg
+    }
+
+    /// Keys per step of the prefill kernel in use.
+    fn prefill_keys(&self) -> usize {
+        if self.prefill_wg.is_some() {
+            WG_KEYS
+        } else {
+            self.cfg.keys_per_step(false)
+        }
     }
 
     /// Scratch bytes the preferred split count of this call would use (a smaller scratch
@@ -493,7 +533,7 @@ impl FlashKernels {
             } else if blocks < self.sm_count {
                 (2 * self.sm_count)
                     .div_ceil(blocks)
-                    .min(max_kv.div_ceil(2 * self.cfg.keys_per_step(false)))
+                    .min(max_kv.div_ceil(2 * self.prefill_keys()))
             } else {
                 1
             };
@@ -724,10 +764,10 @@ impl FlashKernels {
             eps: a.rope.map_or(0.0, |r| r.eps),
             pad: 0,
         };
-        let kernel = if l.decode {
-            &self.decode
-        } else {
-            &self.prefill
+        let (kernel, threads, smem) = match (l.decode, &self.prefill_wg) {
+            (true, _) => (&self.decode, THREADS, self.cfg.smem(true)),
+            (false, Some(wg)) => (wg, WG_THREADS, self.cfg.wgmma_smem()),
+            (false, None) => (&self.prefill, THREADS, self.cfg.smem(false)),
         };
         let grid = (
             to_u32("attention tiles", l.n_tiles)?,
@@ -737,12 +777,6 @@ impl FlashKernels {
         if grid.1 > u16::MAX as u32 {
             return Err(bad(format!("{} KV heads", a.n_head_kv)));
         }
-        gpu.launch_with(
-            kernel,
-            grid,
-            (THREADS, 1, 1),
-            self.cfg.smem(l.decode) as u32,
-            &p,
-        )
+        gpu.launch_with(kernel, grid, (threads, 1, 1), smem as u32, &p)
     }
 }
