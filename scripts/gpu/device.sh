@@ -47,6 +47,11 @@ if [[ $stages == *tests* ]]; then
     if AKUNU_CHIP_ROPE_IN_ATTENTION_FROM=0 "$B/test-backend" --test-threads 1 > "$LOGS/test-backend-rope.log" 2>&1; then r=pass; else r=FAIL; fi
     row "test test-backend, RoPE in attention at every head size: $r"
   fi
+  # The mma.sync prefill kernel, which Hopper runs only at head sizes without a wgmma one.
+  if [[ -z ${GPU_TESTS:-} || " $GPU_TESTS " == *" test-flash "* ]]; then
+    if AKUNU_CHIP_WGMMA_ATTENTION=0 "$B/test-flash" --test-threads 1 > "$LOGS/test-flash-mma.log" 2>&1; then r=pass; else r=FAIL; fi
+    row "test test-flash, mma.sync prefill at every head size: $r"
+  fi
 fi
 
 if [[ $stages == *sanitize* ]]; then
