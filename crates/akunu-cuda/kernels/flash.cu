@@ -675,6 +675,20 @@ __device__ __forceinline__ void store_rows(const FlashParams& p, const WarpState
         }
 }
 
+// A prefill block's tokens: a listed run (first token, count), or one token per block (groups
+// too wide for flash_decode); their sequence and its stored keys.
+struct PrefillTile {
+    u32 t0, ntok, seq, kv_len;
+};
+__device__ __forceinline__ PrefillTile prefill_tile(const FlashParams& p) {
+    PrefillTile t;
+    t.t0 = p.tiles ? p.tiles[2 * blockIdx.x] : blockIdx.x;
+    t.ntok = p.tiles ? p.tiles[2 * blockIdx.x + 1] : 1;
+    t.seq = p.q_seq[t.t0];
+    t.kv_len = p.kv_len ? min(p.kv_len[t.seq], p.n_ctx) : p.n_ctx;
+    return t;
+}
+
 // Prefill and chunked prefill: 4 warps of 16 * PREFILL_MT rows share BN-key tiles; two blocks
 // per SM (their shared memory allows no more at head size 128). Grid (tiles, n_head_kv *
 // chunks, splits); dynamic shared memory: the Q tile and PREFILL_STAGES K/V stages.
@@ -689,14 +703,8 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
     const u32 base = smem_addr(smem);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-    // A listed tile, or one token per tile (groups too wide for flash_decode).
-    u32 t0 = blockIdx.x, ntok = 1;
-    if (p.tiles) {
-        t0 = p.tiles[2 * blockIdx.x];
-        ntok = p.tiles[2 * blockIdx.x + 1];
-    }
-    const u32 seq = p.q_seq[t0];
-    const u32 kv_len = p.kv_len ? min(p.kv_len[seq], p.n_ctx) : p.n_ctx;
+    const PrefillTile tile = prefill_tile(p);
+    const u32 t0 = tile.t0, ntok = tile.ntok, seq = tile.seq, kv_len = tile.kv_len;
     tile_rows<BM, THREADS>(p, t0, ntok, kv_len, row_tok, row_head, block_range);
     __syncthreads();
     u32 kb, ke;
@@ -812,13 +820,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_prefill_wg(const Flas
     const u32 base = (smem_addr(smem) + 1023u) & ~1023u;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp >> 2;
 
-    u32 t0 = blockIdx.x, ntok = 1;
-    if (p.tiles) {
-        t0 = p.tiles[2 * blockIdx.x];
-        ntok = p.tiles[2 * blockIdx.x + 1];
-    }
-    const u32 seq = p.q_seq[t0];
-    const u32 kv_len = p.kv_len ? min(p.kv_len[seq], p.n_ctx) : p.n_ctx;
+    const PrefillTile tile = prefill_tile(p);
+    const u32 t0 = tile.t0, ntok = tile.ntok, seq = tile.seq, kv_len = tile.kv_len;
     tile_rows<BM, 384>(p, t0, ntok, kv_len, row_tok, row_head, block_range);
     if (threadIdx.x < 2 * WG_STAGES) {
         mbar_init(smem_addr(&full[threadIdx.x]), 128);
