@@ -14,7 +14,8 @@
 //!   of one sequence: tiles of `rows / group` tokens (the query heads of a KV head are packed
 //!   as rows), uploaded as a (first token, count) list, the latest tokens first so the
 //!   longest tiles start first. On Hopper with head sizes 64 or 128 the same tiles go to
-//!   `flash_prefill_wg` (two warpgroups of 64 rows on wgmma, 128-key steps) instead.
+//!   `flash_prefill_wg` (a producer warpgroup streaming K and V, two consumer warpgroups of
+//!   64 rows on wgmma, 128-key steps) instead.
 //! - Split-KV when the tiles alone cannot fill the GPU: each split writes normalised partial
 //!   rows and their log-sum-exp into the scratch, and the last split of each tile to finish
 //!   merges them (a counter per tile in the scratch, re-armed by that split). The split count
@@ -43,8 +44,9 @@ const DECODE_STAGES: usize = 3;
 const PREFILL_STAGES: usize = 2;
 /// Both `mma.sync` kernels run four warps.
 const THREADS: u32 = 128;
-/// `flash_prefill_wg`: two warpgroups of 64 rows, steps of `WG_KEYS` keys, `WG_STAGES` K/V
-/// stages, and 1 KiB of slack to align the swizzled tiles.
+/// `flash_prefill_wg`: a producer warpgroup and two consumer warpgroups of 64 rows, steps of
+/// `WG_KEYS` keys, `WG_STAGES` stages each of K and V, and 1 KiB of slack to align the
+/// swizzled tiles.
 const WG_THREADS: u32 = 384;
 const WG_KEYS: usize = 128;
 const WG_STAGES: usize = 3;
