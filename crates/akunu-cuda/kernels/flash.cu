@@ -785,6 +785,8 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
 constexpr int WG_BN = 128;
 constexpr int WG_STAGES = 3;
 constexpr int WG_PRODUCER_REGS = 40, WG_CONSUMER_REGS = 232;
+// Threads: the producer warpgroup, then the two consumer warpgroups.
+constexpr int WG_PRODUCERS = 128, WG_CONSUMERS = 256, WG_THREADS = WG_PRODUCERS + WG_CONSUMERS;
 
 template <int N>
 __device__ __forceinline__ void wg_qk(float (&d)[N / 8][4], u64 da, u64 db, int accumulate) {
@@ -804,12 +806,12 @@ __device__ __forceinline__ void wg_issue_pv(WarpState& st, const u32 (&a)[BN_ / 
     for (int kk = 0; kk < BN_ / 16; ++kk) wg_pv<DV>(st.o, a[kk], wgmma_desc(vs + kk * 16 * 128, BN_ * 128, 1024));
 }
 
-// Ring slot of step j and the parity of its n-th use (n = j / WG_STAGES).
+// The phase parity of step j's use of its ring slot (its (j / WG_STAGES)-th use).
 __device__ __forceinline__ u32 ring_parity(int j) { return (u32)(j / WG_STAGES) & 1; }
 
-extern "C" __global__ void __launch_bounds__(384, 1) flash_prefill_wg(const FlashParams p) {
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(const FlashParams p) {
     pdl_begin();
-    constexpr int BM = 128, BN_ = WG_BN, CONSUMERS = 256;
+    constexpr int BM = 128, BN_ = WG_BN;
     constexpr u32 Q_BYTES = BM * QROW, K_BYTES = BN_ * KROW, V_BYTES = BN_ * VROW;
     extern __shared__ __align__(128) u8 smem[];
     __shared__ int row_tok[BM], row_head[BM];
@@ -822,10 +824,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_prefill_wg(const Flas
 
     const PrefillTile tile = prefill_tile(p);
     const u32 t0 = tile.t0, ntok = tile.ntok, seq = tile.seq, kv_len = tile.kv_len;
-    tile_rows<BM, 384>(p, t0, ntok, kv_len, row_tok, row_head, block_range);
+    tile_rows<BM, WG_THREADS>(p, t0, ntok, kv_len, row_tok, row_head, block_range);
     if (threadIdx.x < 2 * WG_STAGES) {
-        mbar_init(smem_addr(&full[threadIdx.x]), 128);
-        mbar_init(smem_addr(&empty[threadIdx.x]), CONSUMERS / 32);
+        mbar_init(smem_addr(&full[threadIdx.x]), WG_PRODUCERS);
+        mbar_init(smem_addr(&empty[threadIdx.x]), WG_CONSUMERS / 32);
     }
     __syncthreads();
     u32 kb, ke;
@@ -846,16 +848,16 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_prefill_wg(const Flas
         for (int j = 0; j < steps; ++j) {
             const u32 k0 = kb + j * BN_;
             if (j >= WG_STAGES) mbar_wait(bar(empty, 0, j), ring_parity(j) ^ 1);
-            load_rows<128, BN_, D / 8, KROW, true>(k_tile(j), kg + k0 * p.k_pos, p.k_pos, ke - k0, tid);
+            load_rows<WG_PRODUCERS, BN_, D / 8, KROW, true>(k_tile(j), kg + k0 * p.k_pos, p.k_pos, ke - k0, tid);
             mbar_arrive_cp_async(bar(full, 0, j));
             if (j >= WG_STAGES) mbar_wait(bar(empty, 1, j), ring_parity(j) ^ 1);
-            load_rows<128, BN_, DV / 8, VROW, true>(v_tile(j), vg + k0 * p.v_pos, p.v_pos, ke - k0, tid);
+            load_rows<WG_PRODUCERS, BN_, DV / 8, VROW, true>(v_tile(j), vg + k0 * p.v_pos, p.v_pos, ke - k0, tid);
             mbar_arrive_cp_async(bar(full, 1, j));
         }
         cp_async_wait_all();
     } else {
         regs_raise<WG_CONSUMER_REGS>();
-        const int tid = threadIdx.x - 128, cw = wg - 1;
+        const int tid = threadIdx.x - WG_PRODUCERS, cw = wg - 1;
         int rows[1][2];
         RowMask rm[1][2];
 #pragma unroll
@@ -863,11 +865,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_prefill_wg(const Flas
             rows[0][i] = cw * 64 + (warp & 3) * 16 + (lane >> 2) + 8 * i;
             rm[0][i] = row_mask(p, row_tok[rows[0][i]], kv_len);
         }
-        load_q<BM, CONSUMERS, true>(p, base, row_tok, row_head, tid);
+        load_q<BM, WG_CONSUMERS, true>(p, base, row_tok, row_head, tid);
         cp_async_commit();
         cp_async_wait_all();
         fence_async_shared();
-        sync_threads<CONSUMERS, 1>();
+        sync_threads<WG_CONSUMERS, 1>();
 
         WarpState st[1];
         st[0].init();
@@ -921,7 +923,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_prefill_wg(const Flas
         }
 
         store_rows<1>(p, st, rows, row_tok, row_head, lane);
-        if (p.n_split > 1) merge_splits<BM, CONSUMERS, 1>(p, p.n_split, row_tok, row_head, tid);
+        if (p.n_split > 1) merge_splits<BM, WG_CONSUMERS, 1>(p, p.n_split, row_tok, row_head, tid);
     }
 }
 #endif
