@@ -4,10 +4,11 @@ scaled_dot_product_attention, FA2 and cuDNN backends, on the attention shapes of
 as one markdown table on stdout. The binary's stderr and per-run details go to stderr.
 
     python3 scripts/gpu/flash_bench.py --ours .gpu/bin/flash-bench [--dtype bf16|f16]
-        [--iters 50] [--warmup 10] [--shapes prefill,decode]
+        [--iters 50] [--warmup 10] [--shapes prefill,decode] [--flush write|read]
 
 Both sides time alike: `warmup` untimed runs, then the median of `iters` runs, each between two
-CUDA events with L2 flushed before it. Prefill cells are TFLOP/s (4·B·H·S²·D, halved when
+CUDA events with L2 flushed before it. A write flush leaves L2 full of dirty lines, which the
+timed kernel pays to write back; a read flush leaves it clean. Prefill cells are TFLOP/s (4·B·H·S²·D, halved when
 causal), decode cells µs (GB/s of K and V read). A row still prints when one side fails: the
 cell says n/a and a note below the table says why; the exit code is 0 whenever the table
 printed.
@@ -104,7 +105,7 @@ def text(out):
 def run_ours(path, args):
     """Results of flash-bench by shape, and an error for the shapes it gave none."""
     cmd = [path, "--dtype", args.dtype, "--iters", str(args.iters),
-           "--warmup", str(args.warmup), "--shapes", args.shapes]
+           "--warmup", str(args.warmup), "--shapes", args.shapes, "--flush", args.flush]
     log("running", " ".join(cmd))
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=OURS_TIMEOUT_S)
@@ -148,7 +149,7 @@ def median_us(torch, fn, iters, warmup, flush):
     marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
              for _ in range(iters)]
     for start, end in marks:
-        flush.zero_()
+        flush()
         start.record()
         fn()
         end.record()
@@ -219,7 +220,11 @@ def run_torch(shapes, args):
     gpu = torch.cuda.get_device_name(0)
     dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[args.dtype]
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or 64 << 20
-    flush = torch.empty(4 * l2, dtype=torch.uint8, device="cuda")
+    buf = torch.empty(4 * l2 // 4, dtype=torch.int32, device="cuda")
+    if args.flush == "write":
+        flush = buf.zero_
+    else:
+        flush = lambda: buf[: 2 * l2 // 4].sum()  # noqa: E731
     results = {name: {} for name, _ in names}
     for shape in shapes:
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -299,7 +304,8 @@ def table(shapes, ours, peers, gpu, args):
     notes = Notes()
     rows = [
         f"Attention, {args.dtype}: prefill in TFLOP/s, decode in us (GB/s); median of "
-        f"{args.iters} runs; ours/peer is the speed ratio (above 1: ours is faster).",
+        f"{args.iters} runs, L2 flushed by a {args.flush} before each; ours/peer is the speed "
+        "ratio (above 1: ours is faster).",
         "",
         "| shape | ours | FA2 | cuDNN | ours/FA2 | ours/cuDNN |",
         "|---|---|---|---|---|---|",
@@ -322,6 +328,8 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--shapes", default="prefill,decode",
                    help="comma-separated kinds: prefill, decode")
+    p.add_argument("--flush", choices=["write", "read"], default="write",
+                   help="how L2 is emptied before each timed run")
     a = p.parse_args(argv)
     kinds = [k.strip() for k in a.shapes.split(",")]
     if a.iters < 1 or a.warmup < 0:

@@ -2,11 +2,15 @@
 //! JSON line per shape, for `scripts/gpu/flash_bench.py` to set beside PyTorch's SDPA.
 //!
 //!   flash-bench [--dtype bf16|f16] [--iters N] [--warmup N] [--shapes prefill,decode]
+//!               [--flush write|read]
 //!
 //! Each shape is checked first: a few (token, head) rows of the output against an f32 host
 //! reference; a row out of tolerance puts an `error` beside the timing. A time is the median
 //! over `iters` runs, each between two events, with L2 flushed before it, so decode reads K
-//! and V from memory and not from the cache lines the previous run left. FLOPs count
+//! and V from memory and not from the cache lines the previous run left. The flush either
+//! writes twice the L2's size (L2 is left full of dirty lines, which the timed kernel pays to
+//! write back) or reads it (L2 is left clean, as a decode step finds it after the weight
+//! reads of its projections). FLOPs count
 //! 4·B·H·S²·D, halved when causal; decode GB/s counts the K and V bytes read.
 
 use std::error::Error;
@@ -21,7 +25,8 @@ use half::{bf16, f16};
 type Res<T> = Result<T, Box<dyn Error>>;
 
 const USAGE: &str =
-    "usage: flash-bench [--dtype bf16|f16] [--iters N] [--warmup N] [--shapes prefill,decode]";
+    "usage: flash-bench [--dtype bf16|f16] [--iters N] [--warmup N] [--shapes prefill,decode] \
+     [--flush write|read]";
 
 /// Both dtypes are two bytes, and so is the output.
 const ELEM_BYTES: usize = 2;
@@ -173,6 +178,7 @@ struct Options {
     iters: usize,
     warmup: usize,
     kinds: Vec<Kind>,
+    flush: FlushKind,
 }
 
 /// The options, or `None` when help was asked for.
@@ -182,6 +188,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Option<Options>,
         iters: 50,
         warmup: 10,
         kinds: vec![Kind::Prefill, Kind::Decode],
+        flush: FlushKind::Write,
     };
     let mut args = args.into_iter();
     while let Some(flag) = args.next() {
@@ -217,6 +224,13 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Option<Options>,
                         other => Err(format!("--shapes {other}: expected prefill or decode")),
                     })
                     .collect::<Result<_, _>>()?;
+            }
+            "--flush" => {
+                o.flush = match value()?.as_str() {
+                    "write" => FlushKind::Write,
+                    "read" => FlushKind::Read,
+                    other => return Err(format!("--flush {other}: expected write or read")),
+                }
             }
             "-h" | "--help" => return Ok(None),
             other => return Err(format!("unknown argument {other}")),
@@ -386,22 +400,46 @@ impl Problem {
     }
 }
 
-/// A buffer of four times the L2 size; copying its first half over its second evicts
-/// everything an earlier run left in L2.
+/// How the L2 is emptied before each timed run.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum FlushKind {
+    /// Twice the L2's size written: the lines left are dirty.
+    Write,
+    /// Twice the L2's size read: the lines left are clean.
+    Read,
+}
+
+/// Bytes a read flush copies at a time, all into one small window, so the only lines it
+/// dirties are the window's.
+const READ_WINDOW: usize = 1 << 20;
+
+/// A buffer of four times the L2 size. Either flush evicts everything an earlier run left in
+/// L2: a write flush copies the buffer's first half over its second; a read flush copies twice
+/// the L2's size, a window at a time, into one window at the buffer's start.
 struct Flush {
     buf: DeviceBuffer,
+    kind: FlushKind,
 }
 
 impl Flush {
-    fn new(gpu: &Gpu) -> Res<Flush> {
+    fn new(gpu: &Gpu, kind: FlushKind) -> Res<Flush> {
+        let l2 = gpu.chip.l2_bytes.max(1 << 20).next_multiple_of(READ_WINDOW);
         Ok(Flush {
-            buf: gpu.alloc(4 * gpu.chip.l2_bytes.max(1 << 20))?,
+            buf: gpu.alloc(4 * l2)?,
+            kind,
         })
     }
 
     fn run(&self, gpu: &Gpu) -> Res<()> {
         let half = self.buf.bytes() / 2;
-        gpu.copy(self.buf.at(half), self.buf.ptr(), half)?;
+        match self.kind {
+            FlushKind::Write => gpu.copy(self.buf.at(half), self.buf.ptr(), half)?,
+            FlushKind::Read => {
+                for at in (READ_WINDOW..READ_WINDOW + half).step_by(READ_WINDOW) {
+                    gpu.copy(self.buf.ptr(), self.buf.at(at), READ_WINDOW)?;
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -501,12 +539,13 @@ fn json_line(sh: &Shape, dtype: Dtype, iters: usize, r: &Res<Measured>) -> Strin
 fn bench(o: &Options) -> Res<bool> {
     let gpu = Gpu::open(0).map_err(|e| format!("cannot open the GPU: {e}"))?;
     eprintln!(
-        "flash-bench: {} ({}), {}",
+        "flash-bench: {} ({}), {}, {:?} flush",
         gpu.chip.name,
         gpu.arch(),
-        o.dtype.name()
+        o.dtype.name(),
+        o.flush
     );
-    let flush = Flush::new(&gpu)?;
+    let flush = Flush::new(&gpu, o.flush)?;
     let mut all_ok = true;
     for sh in SHAPES.iter().filter(|s| o.kinds.contains(&s.kind)) {
         let r = measure(&gpu, sh, o, &flush);
@@ -551,13 +590,22 @@ mod tests {
         let o = args("").unwrap().unwrap();
         assert_eq!((o.dtype.name(), o.iters, o.warmup), ("bf16", 50, 10));
         assert!(o.kinds == [Kind::Prefill, Kind::Decode]);
-        let o = args("--dtype f16 --iters 7 --warmup 0 --shapes decode")
+        assert_eq!(o.flush, FlushKind::Write);
+        let o = args("--dtype f16 --iters 7 --warmup 0 --shapes decode --flush read")
             .unwrap()
             .unwrap();
         assert_eq!((o.dtype.name(), o.iters, o.warmup), ("f16", 7, 0));
         assert!(o.kinds == [Kind::Decode]);
+        assert_eq!(o.flush, FlushKind::Read);
         assert!(args("--help").unwrap().is_none());
-        for bad in ["--iters 0", "--iters x", "--dtype", "--shapes all", "--x"] {
+        for bad in [
+            "--iters 0",
+            "--iters x",
+            "--dtype",
+            "--shapes all",
+            "--flush x",
+            "--x",
+        ] {
             assert!(args(bad).is_err(), "{bad}");
         }
     }
