@@ -602,8 +602,9 @@ __device__ __forceinline__ void sync_threads() {
 
 // After every thread stored this split's partial rows: the last of the tile's n_split splits to
 // get here merges their rows into the output and re-arms the tile's counter (for the next
-// launch, a graph replay included). One pass over the splits, rescaling as the maximum grows.
-template <int BM, int THREADS, int BAR = 0>
+// launch, a graph replay included). One pass over the splits, rescaling as the maximum grows;
+// UNROLL splits' loads are in flight together (each round is an L2 round trip).
+template <int BM, int THREADS, int BAR = 0, int UNROLL = 8>
 __device__ void merge_splits(const FlashParams& p, u32 n_split, const int* row_tok,
                              const int* row_head, int tid) {
     __shared__ bool last;
@@ -628,7 +629,7 @@ __device__ void merge_splits(const FlashParams& p, u32 n_split, const int* row_t
         const u64 row = (u64)t * p.n_head + h;
         float mx = FLASH_NEG_INF, sum = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
         // Branch-free, so the unrolled iterations' loads issue together.
-#pragma unroll 8
+#pragma unroll UNROLL
         for (u32 z = 0; z < n_split; ++z) {
             const float x = ldcg(p.part_lse + z * stride + row);
             float v[4];
@@ -1183,22 +1184,26 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
     __syncthreads();
 
     // The warps' states through shared memory (over the rings): per warp the running max and
-    // sum of each row, then the unnormalised rows.
+    // sum of each row, then the unnormalised rows, padding rows left out. Rows are DV + 8
+    // floats apart, so the 64-bit stores of a half warp (four rows, eight floats each) hit
+    // 32 distinct banks.
     float* part = (float*)(smem + Q_BYTES);
-    constexpr int WSTATE = 32 + BM * DV;
+    constexpr int OROW = DV + 8, WSTATE = 32 + BM * OROW;
+    static_assert(DEC_WARPS * WSTATE * 4 <= DEC_WARPS * DEC_STAGES * DecodeRing::STAGE, "warp states over the rings");
     {
         float* w = part + warp * WSTATE;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             const int r = (lane >> 2) + 8 * i;
-            const float l = st[0].sum(i);
+            const float l = st[0].sum(i);  // every lane: a quad shuffle
+            if (row_tok[r] < 0) continue;
             if ((lane & 3) == 0) {
                 w[r] = st[0].row_max[i];
                 w[16 + r] = l;
             }
 #pragma unroll
             for (int dt = 0; dt < DV / 8; ++dt)
-                *(float2*)(w + 32 + r * DV + dt * 8 + 2 * (lane & 3)) = make_float2(st[0].o[dt][2 * i], st[0].o[dt][2 * i + 1]);
+                *(float2*)(w + 32 + r * OROW + dt * 8 + 2 * (lane & 3)) = make_float2(st[0].o[dt][2 * i], st[0].o[dt][2 * i + 1]);
         }
     }
     __syncthreads();
@@ -1220,8 +1225,8 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
                 const float* ws = part + w * WSTATE;
                 const float f = exp2f(ws[r] - mx);
                 l += f * ws[16 + r];
-                x += f * ws[32 + r * DV + c];
-                y += f * ws[32 + r * DV + c + 1];
+                x += f * ws[32 + r * OROW + c];
+                y += f * ws[32 + r * OROW + c + 1];
             }
         }
         const float inv = l > 0.f ? 1.f / l : 0.f;
@@ -1232,5 +1237,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
             store_act<2>(p, true, t, row_head[r], c, out);
         }
     }
-    if (partial) merge_splits<BM, THREADS>(p, n_split, row_tok, row_head, tid);
+    // Decode has the most splits (up to one per resident block), and its merge ends the
+    // launch: twice prefill's loads per round.
+    if (partial) merge_splits<BM, THREADS, 0, 16>(p, n_split, row_tok, row_head, tid);
 }

@@ -434,6 +434,10 @@ fn decode_with_split_kv() {
             c.per_token = true;
             check(&gpu, &k, &c, 400 + group as u64);
         }
+        // One long sequence on one KV head: dozens of splits, more than one merge round.
+        let mut c = Case::new(d, 4, 1, &[1], &[20_000]);
+        c.per_token = true;
+        check(&gpu, &k, &c, 500);
     }
 }
 
