@@ -8,10 +8,10 @@ as one markdown table on stdout. The binary's stderr and per-run details go to s
 
 Both sides time alike: `warmup` untimed runs, then the median of `iters` runs, each between two
 CUDA events with L2 flushed before it. A write flush leaves L2 full of dirty lines, which the
-timed kernel pays to write back; a read flush leaves it clean. Prefill cells are TFLOP/s (4·B·H·S²·D, halved when
-causal), decode cells µs (GB/s of K and V read). A row still prints when one side fails: the
-cell says n/a and a note below the table says why; the exit code is 0 whenever the table
-printed.
+timed kernel pays to write back; a read flush leaves it clean. Prefill cells are TFLOP/s
+(4·B·H·S²·D, halved when causal), decode cells µs (GB/s of K and V read). A row still prints
+when one side fails: the cell says n/a and a note below the table says why; the exit code is 0
+whenever the table printed.
 """
 
 import argparse
@@ -220,11 +220,12 @@ def run_torch(shapes, args):
     gpu = torch.cuda.get_device_name(0)
     dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[args.dtype]
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or 64 << 20
-    buf = torch.empty(4 * l2 // 4, dtype=torch.int32, device="cuda")
+    l2_words = l2 // 4
+    buf = torch.empty(4 * l2_words, dtype=torch.int32, device="cuda")  # four times the L2
     if args.flush == "write":
         flush = buf.zero_
     else:
-        flush = lambda: buf[: 2 * l2 // 4].sum()  # noqa: E731
+        flush = lambda: buf[: 2 * l2_words].sum()  # noqa: E731
     results = {name: {} for name, _ in names}
     for shape in shapes:
         g = torch.Generator(device="cuda").manual_seed(0)
