@@ -6,10 +6,12 @@
 //! cubin for the running GPU (`sm_90a` on Hopper); the cubin is kept under the cache directory
 //! (`$AKUNU_KERNEL_CACHE`, else `$XDG_CACHE_HOME/akunu/kernels`, else `~/.cache/akunu/kernels`)
 //! so a second start loads it in microseconds. A cache that cannot be written only costs the
-//! compile time again.
+//! compile time again. `$AKUNU_KERNEL_DIR` replaces the embedded sources with a directory's
+//! files, for kernel work without a rebuild.
 
+use std::borrow::Cow;
 use std::ffi::{c_char, CStr, CString};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
@@ -35,15 +37,29 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("flash.cu", include_str!("../kernels/flash.cu")),
 ];
 
-fn source(name: &str) -> Result<&'static str, CudaError> {
-    SOURCES
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, s)| *s)
-        .ok_or_else(|| CudaError::Compile {
-            file: name.into(),
-            log: "no such kernel source".into(),
-        })
+/// A kernel source by file name: embedded, or read from `$AKUNU_KERNEL_DIR` when that is set,
+/// so kernels can be edited and timed without rebuilding the binary (the module cache is keyed
+/// by the source text, so an edited kernel never meets a stale cubin).
+fn source(name: &str) -> Result<Cow<'static, str>, CudaError> {
+    match std::env::var_os("AKUNU_KERNEL_DIR") {
+        Some(dir) => source_in(Path::new(&dir), name).map(Cow::Owned),
+        None => SOURCES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, s)| Cow::Borrowed(*s))
+            .ok_or_else(|| CudaError::Compile {
+                file: name.into(),
+                log: "no such kernel source".into(),
+            }),
+    }
+}
+
+fn source_in(dir: &Path, name: &str) -> Result<String, CudaError> {
+    let path = dir.join(name);
+    std::fs::read_to_string(&path).map_err(|e| CudaError::Compile {
+        file: name.into(),
+        log: format!("AKUNU_KERNEL_DIR: cannot read {}: {e}", path.display()),
+    })
 }
 
 /// The source with its `#include "..."` lines replaced by the headers, each header once.
@@ -59,7 +75,8 @@ fn expand_into(name: &str, out: &mut String, seen: &mut Vec<String>) -> Result<(
         return Ok(());
     }
     seen.push(name.to_string());
-    for line in source(name)?.lines() {
+    let text = source(name)?;
+    for line in text.lines() {
         let t = line.trim_start();
         if let Some(rest) = t.strip_prefix("#include \"") {
             let header = rest.split('"').next().unwrap_or_default();
@@ -275,5 +292,16 @@ mod tests {
         let a = ModuleKey::new("gemv.cu", "sm_90a", &[("A", "1".into()), ("B", "2".into())]);
         let b = ModuleKey::new("gemv.cu", "sm_90a", &[("B", "2".into()), ("A", "1".into())]);
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn sources_read_from_a_directory() {
+        let dir = std::env::temp_dir().join(format!("akunu-kernel-dir-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("x.cu"), "// edited\n").unwrap();
+        assert_eq!(source_in(&dir, "x.cu").unwrap(), "// edited\n");
+        let missing = source_in(&dir, "y.cu").unwrap_err().to_string();
+        assert!(missing.contains("y.cu"), "{missing}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
