@@ -815,17 +815,31 @@ struct GemvParams {
         gemv_gated<M, KS>(gate, up, x, m, y, y_stride, act, ksplit, early);                      \
     }
 
-// Blocks per SM the register allocation must allow (64, 85, 128 or 255 registers a thread):
-// m = 1 wants many warps in flight; larger batches need registers for their sums. The 4-bit
-// block types fit 85 registers without spilling (six 4-warp blocks per SM instead of five);
-// the others would spill.
+// Blocks per SM the register allocation must allow, for launch bounds of 256 threads (2, 3 and
+// 4: 128, 80 and 64 registers a thread): m = 1 wants many warps in flight, larger batches need
+// registers for their sums. For m = 1 each type takes the most blocks that neither spill nor
+// measured slower in decode (docs/perf/2026-11-22-gemv-occupancy.md): the 4-bit block types'
+// plain products fit 80 registers and Q4_0's gated product 64; Q4_K's plain and gated products
+// fit 80, its split entries 128. The rest would spill.
 #if QTYPE == GGML_Q4_0 || QTYPE == GGML_Q4_1 || QTYPE == GGML_IQ4_NL || QTYPE == GGML_IQ4_XS
 #define M1_MINB 3
+#define M1_MINB_SPLIT 3
+#elif QTYPE == GGML_Q4_K
+#define M1_MINB 3
+#define M1_MINB_SPLIT 2
 #else
 #define M1_MINB (M1_ROWS == 1 ? 4 : 2)
+#define M1_MINB_SPLIT M1_MINB
 #endif
-GEMV_ENTRIES(1, M1_ROWS, M1_MINB, M1_MINB == 4 ? 2 : M1_MINB, 1, )
-GEMV_ENTRIES(1, M1_ROWS, M1_MINB, M1_MINB == 4 ? 2 : M1_MINB, 0, _split)
+#if QTYPE == GGML_Q4_0
+#define M1_MINB_GATED 4
+#elif QTYPE == GGML_Q4_K
+#define M1_MINB_GATED 3
+#else
+#define M1_MINB_GATED (M1_MINB == 4 ? 2 : M1_MINB)
+#endif
+GEMV_ENTRIES(1, M1_ROWS, M1_MINB, M1_MINB_GATED, 1, )
+GEMV_ENTRIES(1, M1_ROWS, M1_MINB_SPLIT, M1_MINB_SPLIT == 4 ? 2 : M1_MINB_SPLIT, 0, _split)
 GEMV_ENTRIES(2, 2, 2, 2, 1, )
 GEMV_ENTRIES(4, 4, 1, 2, 1, )
 GEMV_ENTRIES(8, 4, 1, 1, 1, )
