@@ -821,23 +821,14 @@ struct GemvParams {
 // measured slower in decode (docs/perf/2026-11-22-gemv-occupancy.md): the 4-bit block types'
 // plain products fit 80 registers and Q4_0's gated product 64; Q4_K's plain and gated products
 // fit 80, its split entries 128. The rest would spill.
-#if QTYPE == GGML_Q4_0 || QTYPE == GGML_Q4_1 || QTYPE == GGML_IQ4_NL || QTYPE == GGML_IQ4_XS
+#if QTYPE == GGML_Q4_0 || QTYPE == GGML_Q4_1 || QTYPE == GGML_IQ4_NL || QTYPE == GGML_IQ4_XS || \
+    QTYPE == GGML_Q4_K
 #define M1_MINB 3
-#define M1_MINB_SPLIT 3
-#elif QTYPE == GGML_Q4_K
-#define M1_MINB 3
-#define M1_MINB_SPLIT 2
 #else
 #define M1_MINB (M1_ROWS == 1 ? 4 : 2)
-#define M1_MINB_SPLIT M1_MINB
 #endif
-#if QTYPE == GGML_Q4_0
-#define M1_MINB_GATED 4
-#elif QTYPE == GGML_Q4_K
-#define M1_MINB_GATED 3
-#else
-#define M1_MINB_GATED (M1_MINB == 4 ? 2 : M1_MINB)
-#endif
+#define M1_MINB_GATED (QTYPE == GGML_Q4_0 ? 4 : M1_MINB == 4 ? 2 : M1_MINB)
+#define M1_MINB_SPLIT (QTYPE == GGML_Q4_K ? 2 : M1_MINB)
 GEMV_ENTRIES(1, M1_ROWS, M1_MINB, M1_MINB_GATED, 1, )
 GEMV_ENTRIES(1, M1_ROWS, M1_MINB_SPLIT, M1_MINB_SPLIT == 4 ? 2 : M1_MINB_SPLIT, 0, _split)
 GEMV_ENTRIES(2, 2, 2, 2, 1, )
