@@ -13,12 +13,15 @@
 // for m = 4 and 8, else 2; the gated kernel: the gate and up rows of one output) and walks them
 // in per-type "chunks" of 16 to 64 weight bytes: lane l of the group's warp k takes chunks
 // 32k + l, 32k + l + 32·ksplit, ... so every weight load is 16 bytes, the group reads
-// 512·ksplit contiguous bytes at a time, and each lane keeps UNROLL chunks in flight. A chunk's activations are loaded once per token and serve every
-// row the warp owns. The per-lane partial sums of all (row, token) pairs are then reduced
-// across the warp in one butterfly, and across the group's warps through shared memory. The
-// host splits a row's columns over several warps when there are too few rows to fill the GPU
-// (a 1024-row projection has 512 row pairs: four warps per SM), so every SM keeps enough
-// weight bytes in flight.
+// 512·ksplit contiguous bytes at a time, and each lane keeps UNROLL chunks in flight. A
+// chunk's activations are loaded once per token and serve every row the warp owns. The
+// per-lane partial sums of all (row, token) pairs are then reduced across the warp in one
+// butterfly, and across the group's warps through shared memory. The host splits a row's
+// columns over several warps when there are too few rows to fill the GPU (a 1024-row
+// projection has 512 row pairs: four warps per SM), so every SM keeps enough weight bytes in
+// flight. With more rows than the GPU holds at once, the m = 1 products run on a grid capped at
+// what is resident, and each warp streams its row groups one after another without letting its
+// loads drain (stream_m1).
 #include "actq.cuh"
 
 #ifndef QTYPE
@@ -788,7 +791,138 @@ struct GemvParams {
     const i8* aq;
     const float4* as;
     const float* xf;
-    int x_stride, cols, m, mode, ksplit, parts, early, pad;
+    int x_stride, cols, m, mode, ksplit, parts, early, blocks;
+};
+
+__device__ __forceinline__ const GemvPart& part_of(const GemvParams& P, int b) {
+    const int j = (P.parts > 1 && b >= P.part[1].first_block) +
+                  (P.parts > 2 && b >= P.part[2].first_block);
+    return j == 0 ? P.part[0] : (j == 1 ? P.part[1] : P.part[2]);
+}
+
+// Chunks in flight per lane in stream_m1: UNROLL, fewer where the ring beside row_dots in one
+// kernel would spill (IQ4_NL at 80 registers; Q3_K, whose chunk alone takes 12 registers,
+// keeps an 8-byte spill in its plain product even so).
+#if QTYPE == GGML_Q3_K
+#define RING 2
+#elif QTYPE == GGML_IQ4_NL
+#define RING 3
+#else
+#define RING UNROLL
+#endif
+
+// m = 1 with unsplit rows, streamed: the warp's row groups are those of blocks blockIdx.x,
+// blockIdx.x + gridDim.x, ... of `blocks` (the host caps the grid at what is resident at once,
+// so each warp walks several), each read in `per` chunks per lane (the last ones may lie past
+// the row). The RING slots of a lane form a ring: a slot is reloaded as soon as its chunk is
+// used, with the lane's next chunk of the same row group or of its next one, so the weight
+// stream does not drain while the warp computes, reduces and stores. `job.rows(b, mat, row)`
+// names the NR rows the warp reads for block b; `job.store(b, s, lane)` stores after the
+// warp's reduction, s holding in lane r << (5 - log2 NR) the total of row r.
+template <int NR, class Job>
+__device__ __forceinline__ void stream_m1(const Job& job, const Acts& x, int blocks, bool early) {
+    const int lane = threadIdx.x & 31;
+    const int nch = x.cols / CV;
+    const int per = (nch + 31) / 32;
+    const int total = (blocks - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x * per;
+    W w[RING][NR];
+    int lb = blockIdx.x, lk = 0;
+    QMatrix lm[NR];
+    int lr[NR];
+    job.rows(lb, lm, lr);
+    auto refill = [&](W(&slot)[NR]) {
+        const int ch = lane + 32 * lk;
+        if (lb < blocks && ch < nch) {
+#pragma unroll
+            for (int r = 0; r < NR; r++) load_w(slot[r], lm[r], lr[r], ch);
+        }
+        if (++lk == per) {
+            lk = 0;
+            lb += gridDim.x;
+            if (lb < blocks) job.rows(lb, lm, lr);
+        }
+    };
+    if (!early) pdl_wait();
+#pragma unroll
+    for (int u = 0; u < RING; u++) refill(w[u]);
+    if (early) pdl_wait();
+    pdl_release();
+    int ck = 0, cb = blockIdx.x;
+    float acc[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+    for (int i0 = 0; i0 < total; i0 += RING) {
+#pragma unroll
+        for (int u = 0; u < RING; u++) {
+            if (i0 + u < total) {
+                const int ch = lane + 32 * ck;
+                if (ch < nch) {
+                    A a;
+                    load_a(a, x, 0, ch);
+#pragma unroll
+                    for (int r = 0; r < NR; r++) acc[r] += dot(w[u][r], a);
+                }
+                refill(w[u]);
+                if (++ck == per) {
+                    job.store(cb, reduce_values<NR>(acc, lane), lane);
+#pragma unroll
+                    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+                    ck = 0;
+                    cb += gridDim.x;
+                }
+            }
+        }
+    }
+}
+
+// The rows and stores of gemv_m1: block b of part j holds row groups of M1_ROWS rows.
+struct PlainJob {
+    const GemvParams& P;
+    __device__ __forceinline__ int row0(const GemvPart& p, int b) const {
+        return ((b - p.first_block) * (int)(blockDim.x >> 5) + (int)(threadIdx.x >> 5)) * M1_ROWS;
+    }
+    __device__ __forceinline__ void rows(int b, QMatrix (&mat)[M1_ROWS], int (&row)[M1_ROWS]) const {
+        const GemvPart& p = part_of(P, b);
+        const int r0 = row0(p, b);
+#pragma unroll
+        for (int r = 0; r < M1_ROWS; r++) {
+            mat[r] = {p.data, p.aux, p.rows, P.cols};
+            row[r] = min(r0 + r, p.rows - 1);
+        }
+    }
+    __device__ __forceinline__ void store(int b, float s, int lane) const {
+        constexpr int SH = 5 - Log2<M1_ROWS>::value;
+        const GemvPart& p = part_of(P, b);
+        const int row = row0(p, b) + (lane >> SH);
+        if ((lane & ((1 << SH) - 1)) == 0 && row < p.rows) {
+            float* out = p.y + row;
+            if (P.mode == 0) {
+                *out = s + (p.bias ? p.bias[row] : 0.0f);
+            } else {
+                *out = activate(P.mode - 1, *out) * s;
+            }
+        }
+    }
+};
+
+// The rows and stores of gemv_gated_m1: block b's warps own one output row each.
+struct GatedJob {
+    QMatrix gate, up;
+    float* y;
+    int act;
+    __device__ __forceinline__ int row_of(int b) const {
+        return b * (int)(blockDim.x >> 5) + (int)(threadIdx.x >> 5);
+    }
+    __device__ __forceinline__ void rows(int b, QMatrix (&mat)[2], int (&row)[2]) const {
+        mat[0] = gate;
+        mat[1] = up;
+        row[0] = row[1] = min(row_of(b), gate.rows - 1);
+    }
+    __device__ __forceinline__ void store(int b, float s, int lane) const {
+        const float u = __shfl_down_sync(FULL_MASK, s, 16);
+        const int row = row_of(b);
+        if (lane == 0 && row < gate.rows) y[row] = activate(act, s) * u;
+    }
 };
 
 // Entries per batch variant M; KS = 0 makes the split entries of m = 1 (names ending in
@@ -796,9 +930,7 @@ struct GemvParams {
 #define GEMV_ENTRIES(M, NR, MINB, MINBG, KS, SUFFIX)                                             \
     extern "C" __global__ void __launch_bounds__(256, MINB) gemv_m##M##SUFFIX(const GemvParams P) { \
         const int b = blockIdx.x;                                                                \
-        const int j = (P.parts > 1 && b >= P.part[1].first_block) +                              \
-                      (P.parts > 2 && b >= P.part[2].first_block);                               \
-        const GemvPart& p = j == 0 ? P.part[0] : (j == 1 ? P.part[1] : P.part[2]);               \
+        const GemvPart& p = part_of(P, b);                                                       \
         const QMatrix mat = {p.data, p.aux, p.rows, P.cols};                                     \
         const Acts x = {P.aq, P.as, P.xf, P.cols, P.x_stride};                                   \
         gemv_plain<M, NR, KS>(mat, x, P.m, p.y, p.y_stride, p.bias, P.mode, b - p.first_block,  \
@@ -829,7 +961,31 @@ struct GemvParams {
 #endif
 #define M1_MINB_GATED (QTYPE == GGML_Q4_0 ? 4 : M1_MINB == 4 ? 2 : M1_MINB)
 #define M1_MINB_SPLIT (QTYPE == GGML_Q4_K ? 2 : M1_MINB)
-GEMV_ENTRIES(1, M1_ROWS, M1_MINB, M1_MINB_GATED, 1, )
+// m = 1, unsplit rows. A grid of one block per row group (a product the GPU holds at once)
+// takes the batched walk of row_dots: with a single row group per warp the ring has nothing to
+// overlap, and its bookkeeping measured slower there (docs/perf/2026-11-22-gemv-streaming.md).
+extern "C" __global__ void __launch_bounds__(256, M1_MINB) gemv_m1(const GemvParams P) {
+    const Acts x = {P.aq, P.as, P.xf, P.cols, P.x_stride};
+    if ((int)gridDim.x >= P.blocks) {
+        const int b = blockIdx.x;
+        const GemvPart& p = part_of(P, b);
+        const QMatrix mat = {p.data, p.aux, p.rows, P.cols};
+        gemv_plain<1, M1_ROWS, 1>(mat, x, 1, p.y, p.y_stride, p.bias, P.mode, b - p.first_block,
+                                  1, P.early);
+        return;
+    }
+    stream_m1<M1_ROWS>(PlainJob{P}, x, P.blocks, P.early);
+}
+extern "C" __global__ void __launch_bounds__(256, M1_MINB_GATED)
+    gemv_gated_m1(const u8* __restrict__ data, const u8* __restrict__ aux, int rows, int cols,
+                  const u8* __restrict__ data2, const u8* __restrict__ aux2,
+                  const i8* __restrict__ aq, const float4* __restrict__ as,
+                  const float* __restrict__ xf, int x_stride, int m, float* __restrict__ y,
+                  int y_stride, int act, int ksplit, int early) {
+    const Acts x = {aq, as, xf, cols, x_stride};
+    const GatedJob job = {{data, aux, rows, cols}, {data2, aux2, rows, cols}, y, act};
+    stream_m1<2>(job, x, (rows + (blockDim.x >> 5) - 1) / (blockDim.x >> 5), early);
+}
 GEMV_ENTRIES(1, M1_ROWS, M1_MINB_SPLIT, M1_MINB_SPLIT == 4 ? 2 : M1_MINB_SPLIT, 0, _split)
 GEMV_ENTRIES(2, 2, 2, 2, 1, )
 GEMV_ENTRIES(4, 4, 1, 2, 1, )

@@ -34,6 +34,9 @@ pub struct ChipConfig {
     /// GEMV warps request their first weights before waiting for the preceding kernel (under
     /// dependent launch).
     pub gemv_early_loads: bool,
+    /// The single-token products with unsplit rows launch at most this many times the blocks
+    /// the GPU holds at once, and their warps walk the rest (0: one block per row group).
+    pub gemv_waves: usize,
     /// Largest batch served by the GEMV kernels; larger batches use the tiled GEMM.
     pub gemv_max_m: usize,
     /// Decode steps launch their kernels with programmatic dependent launch (Hopper and later),
@@ -129,6 +132,7 @@ impl ChipConfig {
             gemv_fill_warps: env_override("gemv_fill_warps", 8),
             gemv_parts: env_override("gemv_parts", 3).clamp(1, crate::matmul::MAX_PARTS),
             gemv_early_loads: env_override("gemv_early_loads", 1) != 0,
+            gemv_waves: env_override("gemv_waves", 1),
             gemv_max_m: env_override("gemv_max_m", crate::matmul::MAX_M)
                 .clamp(1, crate::matmul::MAX_M),
             dependent_launch: major >= 9 && env_override("dependent_launch", 1) != 0,

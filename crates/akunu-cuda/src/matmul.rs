@@ -19,6 +19,9 @@
 //!   `act(gate·x) * (up·x)` in one launch. [`embed`] gathers dequantized rows.
 //! - A launch gives each row group (one warp's rows) several warps, each taking a share of the
 //!   row's columns, when its matrices have too few rows to fill the GPU (see `ksplit`).
+//! - The single-token products with unsplit rows run on a grid capped at what the GPU holds at
+//!   once ([`GridCap`]): each warp walks several row groups and keeps its weight loads in
+//!   flight from one to the next.
 //! - [`MatmulKernels`] resolves every kernel of the weight types in use once; launches only pass
 //!   pointers and sizes, so they can be captured in a CUDA graph.
 
@@ -297,6 +300,18 @@ pub struct MatmulKernels {
     parts: usize,
     /// Whether the first weight loads go ahead of the wait for the preceding kernel.
     early: bool,
+    /// The largest grid of the streamed single-token products.
+    cap: GridCap,
+}
+
+/// How many blocks a single-token product with unsplit rows launches at most; its warps then
+/// walk the row groups of the blocks beyond.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GridCap {
+    /// This many times the blocks resident on the GPU at once (0: one block per row group).
+    Waves(usize),
+    /// At most this many blocks.
+    Blocks(usize),
 }
 
 impl MatmulKernels {
@@ -341,6 +356,7 @@ impl MatmulKernels {
             fill_warps: 0,
             parts: gpu.chip.gemv_parts,
             early: gpu.chip.gemv_early_loads,
+            cap: GridCap::Waves(gpu.chip.gemv_waves),
         };
         let fill = gpu.chip.sm_count * gpu.chip.gemv_fill_warps;
         Ok(kernels.with_split(gpu.chip.gemv_warps, fill))
@@ -353,6 +369,38 @@ impl MatmulKernels {
         self.warps = warps.clamp(1, 8).next_power_of_two() as u32;
         self.fill_warps = fill_warps;
         self
+    }
+
+    /// The same kernels with the streamed products' grid capped at `cap`.
+    pub fn with_grid_cap(mut self, cap: GridCap) -> MatmulKernels {
+        self.cap = cap;
+        self
+    }
+
+    /// The kernel and grid of a product of `blocks` blocks in batch variant `v` with `ks` warps
+    /// per row group: the split entry, the streamed m = 1 entry on the capped grid, or the
+    /// variant's entry with a block per row group.
+    fn launch_shape<'a>(
+        &self,
+        gpu: &Gpu,
+        split: &'a Kernel,
+        variants: &'a [Kernel],
+        v: usize,
+        ks: usize,
+        blocks: usize,
+    ) -> Result<(&'a Kernel, usize), CudaError> {
+        if ks > 1 {
+            return Ok((split, blocks));
+        }
+        let k = &variants[v];
+        let cap = match (v, self.cap) {
+            (0, GridCap::Waves(w)) if w > 0 => {
+                w * gpu.chip.sm_count * gpu.blocks_per_sm(k, 32 * self.warps, 0)?
+            }
+            (0, GridCap::Blocks(b)) => b,
+            _ => blocks,
+        };
+        Ok((k, blocks.min(cap.max(1))))
     }
 
     /// Whether products with these kernels read quantized activations (some weight type is
@@ -693,7 +741,8 @@ struct GemvParams {
     ksplit: i32,
     parts: i32,
     early: i32,
-    pad: i32,
+    /// Blocks of row groups in all; the grid may have fewer (the m = 1 unsplit kernel).
+    blocks: i32,
 }
 
 /// Launches the plain product kernel over `parts`: mode 0 stores (plus bias), 1 and 2
@@ -748,10 +797,11 @@ fn launch_gemv(
     params.ksplit = ks as i32;
     params.parts = parts.len() as i32;
     params.early = k.early as i32;
-    let kernel = if ks > 1 { &tk.gemv_split } else { &tk.gemv[v] };
+    params.blocks = blocks as i32;
+    let (kernel, grid) = k.launch_shape(gpu, &tk.gemv_split, &tk.gemv, v, ks, blocks)?;
     gpu.launch_with(
         kernel,
-        (blocks as u32, 1, 1),
+        (grid as u32, 1, 1),
         (32 * k.warps, 1, 1),
         0,
         &params,
@@ -842,13 +892,11 @@ pub fn gemv_gated(
         warps,
         k.fill_warps,
     );
+    let blocks = w_gate.rows.div_ceil(warps / ks);
+    let (kernel, grid) = k.launch_shape(gpu, &tk.gated_split, &tk.gated, v, ks, blocks)?;
     gpu.launch(
-        if ks > 1 {
-            &tk.gated_split
-        } else {
-            &tk.gated[v]
-        },
-        (w_gate.rows.div_ceil(warps / ks) as u32, 1, 1),
+        kernel,
+        (grid as u32, 1, 1),
         (32 * k.warps, 1, 1),
         0,
         &[

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use akunu_core::Activation;
 use akunu_cuda::compile::{self, ModuleKey};
-use akunu_cuda::matmul::{self, ActScratch, DeviceMatrix, MatmulKernels};
+use akunu_cuda::matmul::{self, ActScratch, DeviceMatrix, GridCap, MatmulKernels};
 use akunu_cuda::{CudaError, DeviceBuffer, Gpu};
 use akunu_quant::GgmlType;
 use rand::rngs::StdRng;
@@ -361,12 +361,24 @@ fn products_of_one_launch_match_reference() {
     }
 }
 
-/// The kernels as the chip config launches them, with rows' columns never split, and split
-/// over as many of 8 warps as the row length allows.
+/// The kernels as the chip config launches them; with rows' columns never split, on one
+/// block per row group and on a grid of 3 blocks (so each warp walks several row groups and
+/// the last round is partial); and split over as many of 8 warps as the row length allows.
 fn split_configs(gpu: &Arc<Gpu>) -> Vec<(MatmulKernels, &'static str)> {
     vec![
         (kernels(gpu), "default blocks"),
-        (kernels(gpu).with_split(4, 0), "unsplit rows"),
+        (
+            kernels(gpu)
+                .with_split(4, 0)
+                .with_grid_cap(GridCap::Waves(0)),
+            "unsplit rows, a block per row group",
+        ),
+        (
+            kernels(gpu)
+                .with_split(4, 0)
+                .with_grid_cap(GridCap::Blocks(3)),
+            "unsplit rows, 3 blocks",
+        ),
         (
             kernels(gpu).with_split(8, usize::MAX),
             "rows split over up to 8 warps",
@@ -741,8 +753,10 @@ fn every_module_variant_compiles() {
 }
 
 /// Decode-sized products timed in a CUDA graph, weights rotated through enough copies to
-/// defeat the L2 cache; each line times the launch shapes the chip config picks against rows
-/// never split over warps and against blocks of 8 warps, in the same run. `cargo test
+/// defeat the L2 cache; each line times the launch shapes the chip config picks against one
+/// block per row group (rows never split over warps, no grid cap) and against blocks of 8
+/// warps, in the same run. Lines marked `gated` time the gated product of two such matrices
+/// (the bandwidth counts both). `cargo test
 /// --release -p akunu-cuda --test matmul -- --ignored --nocapture gemv_bandwidth`
 #[test]
 #[ignore]
@@ -760,8 +774,11 @@ fn gemv_bandwidth() {
     let configs = [
         ("chip", MatmulKernels::new(&gpu, &types).unwrap()),
         (
-            "unsplit",
-            MatmulKernels::new(&gpu, &types).unwrap().with_split(4, 0),
+            "per group",
+            MatmulKernels::new(&gpu, &types)
+                .unwrap()
+                .with_split(4, 0)
+                .with_grid_cap(GridCap::Waves(0)),
         ),
         (
             "8 warps",
@@ -792,8 +809,9 @@ fn gemv_bandwidth() {
             let x = gpu.upload(&random(16 * cols, 1.0, 3)).unwrap();
             let y = gpu.alloc(16 * rows * 4).unwrap();
             let mut acts = ActScratch::new(&gpu, 16, cols).unwrap();
-            for m in [1, 4, 16] {
-                let mut line = format!("{ty:>6} {rows:>6}x{cols:<6} m={m:<2}");
+            for (m, gated) in [(1, false), (1, true), (4, false), (16, false)] {
+                let what = if gated { "gated" } else { "" };
+                let mut line = format!("{ty:>6} {rows:>6}x{cols:<6} m={m:<2} {what:5}");
                 acts.prepare(&gpu, &k, x.ptr(), cols, m, cols).unwrap();
                 for (name, kc) in &configs {
                     gpu.sync().unwrap();
@@ -803,8 +821,15 @@ fn gemv_bandwidth() {
                         .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
                         .unwrap();
                     for i in 0..reps {
-                        matmul::gemv(&gpu, kc, &mats[i % copies], &acts, m, y.ptr(), rows, None)
-                            .unwrap();
+                        let w = &mats[i % copies];
+                        if gated {
+                            let up = &mats[(i + copies / 2) % copies];
+                            let act = Activation::Silu;
+                            matmul::gemv_gated(&gpu, kc, w, up, &acts, m, y.ptr(), rows, act)
+                                .unwrap();
+                        } else {
+                            matmul::gemv(&gpu, kc, w, &acts, m, y.ptr(), rows, None).unwrap();
+                        }
                     }
                     let graph = stream
                         .end_capture(sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
@@ -819,7 +844,8 @@ fn gemv_bandwidth() {
                     }
                     let end = stream.record_event(flags).unwrap();
                     let ms = start.elapsed_ms(&end).unwrap() as f64 / (3 * reps) as f64;
-                    let gbs = mats[0].device_bytes() as f64 / (ms * 1e-3) / 1e9;
+                    let bytes = mats[0].device_bytes() * if gated { 2 } else { 1 };
+                    let gbs = bytes as f64 / (ms * 1e-3) / 1e9;
                     line += &format!("  {name}: {:>6.1} us {gbs:>5.0} GB/s", ms * 1e3);
                 }
                 println!("{line}");
