@@ -879,7 +879,7 @@ __device__ __forceinline__ void stream_m1(const Job& job, const Acts& x, int blo
 struct PlainJob {
     const GemvParams& P;
     __device__ __forceinline__ int row0(const GemvPart& p, int b) const {
-        return ((b - p.first_block) * (int)(blockDim.x >> 5) + (int)(threadIdx.x >> 5)) * M1_ROWS;
+        return split_of(b - p.first_block, 1).group * M1_ROWS;
     }
     __device__ __forceinline__ void rows(int b, QMatrix (&mat)[M1_ROWS], int (&row)[M1_ROWS]) const {
         const GemvPart& p = part_of(P, b);
@@ -910,9 +910,7 @@ struct GatedJob {
     QMatrix gate, up;
     float* y;
     int act;
-    __device__ __forceinline__ int row_of(int b) const {
-        return b * (int)(blockDim.x >> 5) + (int)(threadIdx.x >> 5);
-    }
+    __device__ __forceinline__ int row_of(int b) const { return split_of(b, 1).group; }
     __device__ __forceinline__ void rows(int b, QMatrix (&mat)[2], int (&row)[2]) const {
         mat[0] = gate;
         mat[1] = up;
