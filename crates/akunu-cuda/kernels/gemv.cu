@@ -349,82 +349,65 @@ __device__ __forceinline__ float dot(const W& w, const A& a) {
 }
 
 #elif QTYPE == GGML_Q6_K
-// Chunk k = ch % 4 = 2n + p of block ch / 4: ql bytes 64n + 32p.. (32) and qh bytes
-// 128 + 32n.. (32). Low nibbles with qh bits 2p are values 128n + 32p + l (activation group
-// 4n + p), high nibbles with qh bits 4 + 2p values 128n + 64 + 32p + l (group 4n + 2 + p); each
-// has its own scale per 16 values: bytes 8n + 2p + l/16 (+ 4 for the high nibbles).
+// Chunk k = ch % 4 = 2n + h of block ch / 4: values 128n + 32s + 16h + j (j < 16) for s = 0..3,
+// that is half h of activation groups 4n + s. Their low four bits are the nibbles of ql bytes
+// 64n + 16h + j (s = 0 low, s = 2 high) and 64n + 32 + 16h + j (s = 1 low, s = 3 high), their
+// top two bits bits 2s of qh byte 128 + 32n + 16h + j, and each s has one scale, byte
+// 8n + 2s + h. So a chunk is 48 weight bytes, each read once, and the four scale bytes stay
+// packed in one register until the dot.
 #define CV 64
 #define M1_ROWS 2
 #define UNROLL 2
 struct W {
-    uint4 l0, l1;
-    uint4 h0, h1;  // shifted right by 2p
-    float d[4];    // low l < 16, low l >= 16, high l < 16, high l >= 16
-};
-struct A32H {
-    int4 lo, hi;
-    float d, s0, s1;
+    uint4 l0, l1, h;
+    u32 sc;  // scale bytes of s = 0..3
+    float d;
 };
 struct A {
-    A32H a0, a1;
+    A16 a[4];
 };
-__device__ __forceinline__ uint4 shr4(uint4 v, int s) {
-    return make_uint4(v.x >> s, v.y >> s, v.z >> s, v.w >> s);
-}
 __device__ __forceinline__ void load_w(W& w, const QMatrix& mat, int row, int ch) {
-    const int k = ch & 3, n = k >> 1, p = k & 1;
+    const int k = ch & 3, n = k >> 1, h = k & 1;
     const size_t i = qblock(mat, row, ch >> 2);
     const size_t nblocks = (size_t)mat.rows * (size_t)(mat.cols / QK);
     const u8* blk = mat.data + i * QB;
-    w.l0 = ld_weights(blk + 64 * n + 32 * p);
-    w.l1 = ld_weights(blk + 64 * n + 32 * p + 16);
-    w.h0 = shr4(ld_weights(blk + 128 + 32 * n), 2 * p);
-    w.h1 = shr4(ld_weights(blk + 128 + 32 * n + 16), 2 * p);
+    w.l0 = ld_weights(blk + 64 * n + 16 * h);
+    w.l1 = ld_weights(blk + 64 * n + 32 + 16 * h);
+    w.h = ld_weights(blk + 128 + 32 * n + 16 * h);
     const uint2 sc = __ldg((const uint2*)(mat.aux + i * AB + 8 * n));
-    const float d = f16_to_f32(__ldg((const u16*)(mat.aux + nblocks * AB) + i));
-    w.d[0] = d * (float)(i8)byte_of(sc.x, 2 * p);
-    w.d[1] = d * (float)(i8)byte_of(sc.x, 2 * p + 1);
-    w.d[2] = d * (float)(i8)byte_of(sc.y, 2 * p);
-    w.d[3] = d * (float)(i8)byte_of(sc.y, 2 * p + 1);
-}
-__device__ __forceinline__ void load_a32h(A32H& a, const Acts& x, int t, int grp) {
-    const int4* p = (const int4*)(x.q + (size_t)t * x.cols) + 2 * grp;
-    a.lo = __ldg(p);
-    a.hi = __ldg(p + 1);
-    const float4 s = __ldg(x.s + (size_t)t * (x.cols / 32) + grp);
-    a.d = s.x;
-    a.s0 = s.z;
-    a.s1 = s.w;
+    w.sc = __byte_perm(sc.x, sc.y, 0x6420u + 0x1111u * h);
+    w.d = f16_to_f32(__ldg((const u16*)(mat.aux + nblocks * AB) + i));
 }
 __device__ __forceinline__ void load_a(A& a, const Acts& x, int t, int ch) {
     const int k = ch & 3;
-    const int grp = (ch >> 2) * 8 + 4 * (k >> 1) + (k & 1);
-    load_a32h(a.a0, x, t, grp);
-    load_a32h(a.a1, x, t, grp + 2);
+    const int grp = (ch >> 2) * 8 + 4 * (k >> 1);
+#pragma unroll
+    for (int s = 0; s < 4; s++) load_a16(a.a[s], x, t, grp + s, k & 1);
 }
 __device__ __forceinline__ float dot(const W& w, const A& a) {
-    u32 l0[4], l1[4], h0[4], h1[4];
-    int x0[4], x1[4], y0[4], y1[4];
+    u32 l0[4], l1[4], h[4];
+    int x0[4], x1[4], x2[4], x3[4];
     words(w.l0, l0);
     words(w.l1, l1);
-    words(w.h0, h0);
-    words(w.h1, h1);
-    words(a.a0.lo, x0);
-    words(a.a0.hi, x1);
-    words(a.a1.lo, y0);
-    words(a.a1.hi, y1);
-    int s00 = 0, s01 = 0, s10 = 0, s11 = 0;
+    words(w.h, h);
+    words(a.a[0].v, x0);
+    words(a.a[1].v, x1);
+    words(a.a[2].v, x2);
+    words(a.a[3].v, x3);
+    int s0 = 0, s1 = 0, s2 = 0, s3 = 0;
 #pragma unroll
     for (int k = 0; k < 4; k++) {
-        s00 = dp4a((l0[k] & 0x0F0F0F0Fu) | ((h0[k] & 0x03030303u) << 4), x0[k], s00);
-        s01 = dp4a((l1[k] & 0x0F0F0F0Fu) | ((h1[k] & 0x03030303u) << 4), x1[k], s01);
-        s10 = dp4a(((l0[k] >> 4) & 0x0F0F0F0Fu) | (h0[k] & 0x30303030u), y0[k], s10);
-        s11 = dp4a(((l1[k] >> 4) & 0x0F0F0F0Fu) | (h1[k] & 0x30303030u), y1[k], s11);
+        s0 = dp4a((l0[k] & 0x0F0F0F0Fu) | ((h[k] & 0x03030303u) << 4), x0[k], s0);
+        s1 = dp4a((l1[k] & 0x0F0F0F0Fu) | ((h[k] & 0x0C0C0C0Cu) << 2), x1[k], s1);
+        s2 = dp4a(((l0[k] >> 4) & 0x0F0F0F0Fu) | (h[k] & 0x30303030u), x2[k], s2);
+        s3 = dp4a(((l1[k] >> 4) & 0x0F0F0F0Fu) | ((h[k] >> 2) & 0x30303030u), x3[k], s3);
     }
-    return w.d[0] * (a.a0.d * (float)s00 - 32.0f * a.a0.s0) +
-           w.d[1] * (a.a0.d * (float)s01 - 32.0f * a.a0.s1) +
-           w.d[2] * (a.a1.d * (float)s10 - 32.0f * a.a1.s0) +
-           w.d[3] * (a.a1.d * (float)s11 - 32.0f * a.a1.s1);
+    const float sc0 = (float)(i8)(w.sc & 0xFFu), sc1 = (float)(i8)((w.sc >> 8) & 0xFFu);
+    const float sc2 = (float)(i8)((w.sc >> 16) & 0xFFu), sc3 = (float)(i8)(w.sc >> 24);
+    return w.d * (sc0 * (a.a[0].d * (float)s0 - 32.0f * a.a[0].s) +
+                  sc1 * (a.a[1].d * (float)s1 - 32.0f * a.a[1].s) +
+                  sc2 * (a.a[2].d * (float)s2 - 32.0f * a.a[2].s) +
+                  sc3 * (a.a[3].d * (float)s3 - 32.0f * a.a[3].s));
 }
 
 #elif QTYPE == GGML_Q2_K || QTYPE == GGML_Q3_K
