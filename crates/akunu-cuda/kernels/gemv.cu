@@ -352,8 +352,8 @@ __device__ __forceinline__ float dot(const W& w, const A& a) {
 // Chunk k = ch % 4 = 2n + h of block ch / 4: values 128n + 32s + 16h + j (j < 16) for s = 0..3,
 // that is half h of activation groups 4n + s. Their low four bits are the nibbles of ql bytes
 // 64n + 16h + j (s = 0 low, s = 2 high) and 64n + 32 + 16h + j (s = 1 low, s = 3 high), their
-// top two bits bits 2s of qh byte 128 + 32n + 16h + j, and each s has one scale, byte
-// 8n + 2s + h. So a chunk is 48 weight bytes, each read once, and the four scale bytes stay
+// top two bits are bits 2s and 2s + 1 of qh byte 128 + 32n + 16h + j, and each s has one
+// scale, byte 8n + 2s + h. So a chunk is 48 weight bytes, each read once, and the four scale bytes stay
 // packed in one register until the dot.
 #define CV 64
 #define M1_ROWS 2
