@@ -353,8 +353,8 @@ __device__ __forceinline__ float dot(const W& w, const A& a) {
 // that is half h of activation groups 4n + s. Their low four bits are the nibbles of ql bytes
 // 64n + 16h + j (s = 0 low, s = 2 high) and 64n + 32 + 16h + j (s = 1 low, s = 3 high), their
 // top two bits are bits 2s and 2s + 1 of qh byte 128 + 32n + 16h + j, and each s has one
-// scale, byte 8n + 2s + h. So a chunk is 48 weight bytes, each read once, and the four scale bytes stay
-// packed in one register until the dot.
+// scale, byte 8n + 2s + h. So a chunk is 48 weight bytes, each read once, and the four scale
+// bytes stay packed in one register until the dot.
 #define CV 64
 #define M1_ROWS 2
 #define UNROLL 2
@@ -402,8 +402,8 @@ __device__ __forceinline__ float dot(const W& w, const A& a) {
         s2 = dp4a(((l0[k] >> 4) & 0x0F0F0F0Fu) | (h[k] & 0x30303030u), x2[k], s2);
         s3 = dp4a(((l1[k] >> 4) & 0x0F0F0F0Fu) | ((h[k] >> 2) & 0x30303030u), x3[k], s3);
     }
-    const float sc0 = (float)(i8)(w.sc & 0xFFu), sc1 = (float)(i8)((w.sc >> 8) & 0xFFu);
-    const float sc2 = (float)(i8)((w.sc >> 16) & 0xFFu), sc3 = (float)(i8)(w.sc >> 24);
+    const float sc0 = (float)(i8)byte_of(w.sc, 0), sc1 = (float)(i8)byte_of(w.sc, 1);
+    const float sc2 = (float)(i8)byte_of(w.sc, 2), sc3 = (float)(i8)byte_of(w.sc, 3);
     return w.d * (sc0 * (a.a[0].d * (float)s0 - 32.0f * a.a[0].s) +
                   sc1 * (a.a[1].d * (float)s1 - 32.0f * a.a[1].s) +
                   sc2 * (a.a[2].d * (float)s2 - 32.0f * a.a[2].s) +
