@@ -47,6 +47,18 @@ if [[ $stages == *tests* ]]; then
     if AKUNU_CHIP_ROPE_IN_ATTENTION_FROM=0 "$B/test-backend" --test-threads 1 > "$LOGS/test-backend-rope.log" 2>&1; then r=pass; else r=FAIL; fi
     row "test test-backend, RoPE in attention at every head size: $r"
   fi
+  # The residual norm products on one block per row group and on clusters of up to 4, and the
+  # whole-model checks with the norms apart.
+  if [[ -z ${GPU_TESTS:-} || " $GPU_TESTS " == *" test-matmul "* ]]; then
+    for n in 1 4; do
+      if AKUNU_CHIP_GEMV_NORM=$n "$B/test-matmul" residual_norm --test-threads 1 > "$LOGS/test-matmul-norm$n.log" 2>&1; then r=pass; else r=FAIL; fi
+      row "test test-matmul residual_norm, at most $n blocks per group: $r"
+    done
+  fi
+  if [[ -z ${GPU_TESTS:-} || " $GPU_TESTS " == *" test-backend "* ]]; then
+    if AKUNU_CHIP_GEMV_NORM=0 "$B/test-backend" --test-threads 1 > "$LOGS/test-backend-norms.log" 2>&1; then r=pass; else r=FAIL; fi
+    row "test test-backend, norms apart from the products: $r"
+  fi
   # The mma.sync prefill kernel, which Hopper runs only at head sizes without a wgmma one.
   if [[ -z ${GPU_TESTS:-} || " $GPU_TESTS " == *" test-flash "* ]]; then
     if AKUNU_CHIP_WGMMA_ATTENTION=0 "$B/test-flash" --test-threads 1 > "$LOGS/test-flash-mma.log" 2>&1; then r=pass; else r=FAIL; fi

@@ -66,7 +66,21 @@ struct Acts {
     const float* f;   // f32 values, fstride per token (float weights only)
     int cols;
     int fstride;
+    // Input written by gemv_m1_norm (one token): the sums of squares of its cols/32 groups
+    // and the norm's epsilon; null otherwise.
+    const float* ssq;
+    float eps;
 };
+
+// The factor every sum of a product takes: 1/rms of an input that gemv_m1_norm wrote before
+// dividing by it (its groups' squares added in the same order by every warp, so every row
+// sees the same factor), else 1. Call after the wait for the preceding kernel.
+__device__ __forceinline__ float norm_scale(const Acts& x) {
+    if (!x.ssq) return 1.0f;
+    float s = 0.0f;
+    for (int i = threadIdx.x & 31; i < x.cols / 32; i += 32) s += x.ssq[i];
+    return rsqrtf(warp_sum(s) / (float)x.cols + x.eps);
+}
 
 // One 32-value activation group.
 struct A32 {
@@ -604,14 +618,15 @@ __device__ __forceinline__ float reduce_values(float (&v)[V], int lane) {
 
 // The dot products of NR rows (row[r] of mat[r]) with up to M tokens; every lane returns
 // partial sums acc[r][t] over its chunks first, first + stride, ... (KS = 1: the stride is 32,
-// known at compile time so the unrolled loads fold it into their offsets; KS = 0: `stride`).
+// known at compile time so the unrolled loads fold it into their offsets; KS = 0: `stride`),
+// and the input's norm_scale, which the caller applies to the reduced sums.
 // The weights do not depend on the preceding kernel, so with `early` the first batch is
 // requested before waiting for it: under dependent launch those loads overlap the
 // predecessor's tail.
 template <int M, int NR, int KS>
 __device__ __forceinline__ void row_dots(const QMatrix (&mat)[NR], const int (&row)[NR],
                                          const Acts& x, int m, int first, int stride, bool early,
-                                         float (&acc)[NR][M]) {
+                                         float (&acc)[NR][M], float& scale) {
 #pragma unroll
     for (int r = 0; r < NR; r++) {
 #pragma unroll
@@ -636,6 +651,7 @@ __device__ __forceinline__ void row_dots(const QMatrix (&mat)[NR], const int (&r
     if (early) pdl_wait();
     // Released only past the wait, so at most two grids share the SMs.
     pdl_release();
+    scale = norm_scale(x);
     for (int c0 = first; c0 < nch; c0 += step * U) {
         if (c0 != first) load_batch(c0);
 #pragma unroll
@@ -704,8 +720,8 @@ __device__ __forceinline__ void gemv_plain(const QMatrix& mat, const Acts& x, in
         mats[r] = mat;
         rows[r] = min(row0 + r, mat.rows - 1);
     }
-    float acc[NR][M];
-    row_dots<M, NR, KS>(mats, rows, x, m, sp.first, sp.stride, early, acc);
+    float acc[NR][M], scale;
+    row_dots<M, NR, KS>(mats, rows, x, m, sp.first, sp.stride, early, acc, scale);
     float v[NR * M];
 #pragma unroll
     for (int r = 0; r < NR; r++) {
@@ -713,7 +729,7 @@ __device__ __forceinline__ void gemv_plain(const QMatrix& mat, const Acts& x, in
         for (int t = 0; t < M; t++) v[r * M + t] = acc[r][t];
     }
     constexpr int SH = 5 - Log2<NR * M>::value;
-    float s = reduce_values<NR * M>(v, lane);
+    float s = reduce_values<NR * M>(v, lane) * scale;
     if (KS == 0 && !gather_group<NR * M>(s, lane, ksplit)) return;
     if ((lane & ((1 << SH) - 1)) == 0) {
         const int idx = lane >> SH;
@@ -741,8 +757,8 @@ __device__ __forceinline__ void gemv_gated(const QMatrix& gate, const QMatrix& u
     const int row = min(sp.group, gate.rows - 1);
     const QMatrix mats[2] = {gate, up};
     const int rows[2] = {row, row};
-    float acc[2][M];
-    row_dots<M, 2, KS>(mats, rows, x, m, sp.first, sp.stride, early, acc);
+    float acc[2][M], scale;
+    row_dots<M, 2, KS>(mats, rows, x, m, sp.first, sp.stride, early, acc, scale);
     float v[2 * M];
 #pragma unroll
     for (int t = 0; t < M; t++) {
@@ -751,7 +767,7 @@ __device__ __forceinline__ void gemv_gated(const QMatrix& gate, const QMatrix& u
     }
     // Value t (gate) and M + t (up) end 16 lanes apart.
     constexpr int SH = 5 - Log2<2 * M>::value;
-    float s = reduce_values<2 * M>(v, lane);
+    float s = reduce_values<2 * M>(v, lane) * scale;
     if (KS == 0 && !gather_group<2 * M>(s, lane, ksplit)) return;
     const float u = __shfl_down_sync(FULL_MASK, s, 16);
     if (lane < 16 && (lane & ((1 << SH) - 1)) == 0 && sp.group < gate.rows) {
@@ -775,7 +791,14 @@ struct GemvParams {
     const float4* as;
     const float* xf;
     int x_stride, cols, m, mode, ksplit, parts, early, blocks;
+    const float* ssq;  // Acts::ssq
+    float eps;
+    int pad;
 };
+
+__device__ __forceinline__ Acts acts_of(const GemvParams& P) {
+    return {P.aq, P.as, P.xf, P.cols, P.x_stride, P.ssq, P.eps};
+}
 
 __device__ __forceinline__ const GemvPart& part_of(const GemvParams& P, int b) {
     const int j = (P.parts > 1 && b >= P.part[1].first_block) +
@@ -830,6 +853,7 @@ __device__ __forceinline__ void stream_m1(const Job& job, const Acts& x, int blo
     for (int u = 0; u < RING; u++) refill(w[u]);
     if (early) pdl_wait();
     pdl_release();
+    const float scale = norm_scale(x);
     int ck = 0, cb = blockIdx.x;
     float acc[NR];
 #pragma unroll
@@ -847,7 +871,7 @@ __device__ __forceinline__ void stream_m1(const Job& job, const Acts& x, int blo
                 }
                 refill(w[u]);
                 if (++ck == per) {
-                    job.store(cb, reduce_values<NR>(acc, lane), lane);
+                    job.store(cb, reduce_values<NR>(acc, lane) * scale, lane);
 #pragma unroll
                     for (int r = 0; r < NR; r++) acc[r] = 0.0f;
                     ck = 0;
@@ -913,7 +937,7 @@ struct GatedJob {
         const int b = blockIdx.x;                                                                \
         const GemvPart& p = part_of(P, b);                                                       \
         const QMatrix mat = {p.data, p.aux, p.rows, P.cols};                                     \
-        const Acts x = {P.aq, P.as, P.xf, P.cols, P.x_stride};                                   \
+        const Acts x = acts_of(P);                                                               \
         gemv_plain<M, NR, KS>(mat, x, P.m, p.y, p.y_stride, p.bias, P.mode, b - p.first_block,  \
                               P.ksplit, P.early);                                                \
     }                                                                                            \
@@ -921,10 +945,11 @@ struct GatedJob {
         const u8* __restrict__ data, const u8* __restrict__ aux, int rows, int cols,            \
         const u8* __restrict__ data2, const u8* __restrict__ aux2, const i8* __restrict__ aq,   \
         const float4* __restrict__ as, const float* __restrict__ xf, int x_stride, int m,       \
-        float* __restrict__ y, int y_stride, int act, int ksplit, int early) {                   \
+        float* __restrict__ y, int y_stride, int act, int ksplit, int early,                     \
+        const float* __restrict__ ssq, float eps) {                                              \
         const QMatrix gate = {data, aux, rows, cols};                                            \
         const QMatrix up = {data2, aux2, rows, cols};                                            \
-        const Acts x = {aq, as, xf, cols, x_stride};                                             \
+        const Acts x = {aq, as, xf, cols, x_stride, ssq, eps};                                   \
         gemv_gated<M, KS>(gate, up, x, m, y, y_stride, act, ksplit, early);                      \
     }
 
@@ -946,7 +971,7 @@ struct GatedJob {
 // takes the batched walk of row_dots: with a single row group per warp the ring has nothing to
 // overlap, and its bookkeeping measured slower there (docs/perf/2026-11-22-gemv-streaming.md).
 extern "C" __global__ void __launch_bounds__(256, M1_MINB) gemv_m1(const GemvParams P) {
-    const Acts x = {P.aq, P.as, P.xf, P.cols, P.x_stride};
+    const Acts x = acts_of(P);
     if ((int)gridDim.x >= P.blocks) {
         const int b = blockIdx.x;
         const GemvPart& p = part_of(P, b);
@@ -962,11 +987,120 @@ extern "C" __global__ void __launch_bounds__(256, M1_MINB_GATED)
                   const u8* __restrict__ data2, const u8* __restrict__ aux2,
                   const i8* __restrict__ aq, const float4* __restrict__ as,
                   const float* __restrict__ xf, int x_stride, int m, float* __restrict__ y,
-                  int y_stride, int act, int ksplit, int early) {
-    const Acts x = {aq, as, xf, cols, x_stride};
+                  int y_stride, int act, int ksplit, int early, const float* __restrict__ ssq,
+                  float eps) {
+    const Acts x = {aq, as, xf, cols, x_stride, ssq, eps};
     const GatedJob job = {{data, aux, rows, cols}, {data2, aux2, rows, cols}, y, act};
     stream_m1<2>(job, x, (rows + (blockDim.x >> 5) - 1) / (blockDim.x >> 5), early);
 }
+// Where gemv_m1_norm leaves the residual stream and the next products' input.
+struct NormOut {
+    float* residual;       // rows f32, updated in place
+    const float* weight;   // the next RMSNorm's weights
+    float* xf;             // residual · weight, f32
+    i8* q;                 // the same in the int8 format
+    float4* qs;
+    float* ssq;            // rows / 32 sums of squares of the residual
+};
+struct NormParams {
+    GemvParams P;
+    NormOut N;
+};
+
+// m = 1, the product that closes a decoder block (attention's or the FFN's output
+// projection) with the residual add and the next RMSNorm folded in, so no norm launch sits
+// between it and the products that read the norm. A block of 32 / M1_ROWS warps owns 32
+// consecutive rows, one activation group of the next input; with too few groups to fill the
+// GPU, a cluster of ksplit blocks (Hopper) shares them, block k taking every ksplit-th chunk
+// from chunk k of each row. Each warp leaves its rows' sums in the first block's shared
+// memory; after the barrier that block adds the rows to the residual and writes
+// residual · weight (f32 and int8) and the group's sum of squares. Nothing crosses blocks or
+// clusters. The division by the RMS is left to the readers (norm_scale): a positive factor
+// does not change a group's int8 levels, only its scale, and every product is linear in it.
+// KS = 1: one block per group (gemv_m1_norm), 0: clusters (gemv_m1_norm_split, Hopper only).
+template <int KS>
+__device__ __forceinline__ void gemv_norm(const NormParams& Q) {
+    const GemvParams& P = Q.P;
+    const NormOut& N = Q.N;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    u32 share = 0, group = blockIdx.x;
+    if constexpr (KS == 0) {
+        asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(share));
+        asm("mov.u32 %0, %%clusterid.x;" : "=r"(group));
+        // Announces that this block runs; its partners wait for that before writing to the
+        // first block's shared memory.
+        asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+    }
+    const int ks = KS == 1 ? 1 : P.ksplit;
+    const int row0 = group * 32;
+    const GemvPart& p = P.part[0];
+    const Acts x = acts_of(P);
+    QMatrix mats[M1_ROWS];
+    int rows[M1_ROWS];
+#pragma unroll
+    for (int r = 0; r < M1_ROWS; r++) {
+        mats[r] = {p.data, p.aux, p.rows, P.cols};
+        rows[r] = row0 + warp * M1_ROWS + r;
+    }
+    float acc[M1_ROWS][1], scale;
+    row_dots<1, M1_ROWS, KS>(mats, rows, x, 1, 32 * share + lane, 32 * ks, P.early, acc, scale);
+    // The finishing warp's loads go out before the barrier.
+    const bool finisher = share == 0 && warp == 0;
+    const int row = row0 + lane;
+    float res = 0.0f, g = 0.0f, bias = 0.0f;
+    if (finisher) {
+        res = N.residual[row];
+        g = N.weight[row];
+        if (p.bias) bias = p.bias[row];
+    }
+    float v[M1_ROWS];
+#pragma unroll
+    for (int r = 0; r < M1_ROWS; r++) v[r] = acc[r][0];
+    constexpr int SH = 5 - Log2<M1_ROWS>::value;
+    const float s = reduce_values<M1_ROWS>(v, lane) * scale;
+    // part[share][row in the group], in the first block.
+    __shared__ float part[4][32];
+    const bool holder = (lane & ((1 << SH) - 1)) == 0;
+    float* mine = &part[share][warp * M1_ROWS + (lane >> SH)];
+    if constexpr (KS == 1) {
+        if (holder) *mine = s;
+        __syncthreads();
+    } else {
+        asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+        if (holder) {
+            u32 remote;
+            asm volatile("mapa.shared::cluster.u32 %0, %1, 0;"
+                         : "=r"(remote)
+                         : "r"((u32)__cvta_generic_to_shared(mine)));
+            asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(s) : "memory");
+        }
+        asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                     "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+    }
+    if (!finisher) return;
+    float sum = part[0][lane];
+    for (int k = 1; k < ks; k++) sum += part[k][lane];
+    const float r = res + (sum + bias);
+    N.residual[row] = r;
+    const float val[1] = {r * g};
+    N.xf[row] = val[0];
+    float4 sums;
+    store_levels<1>(N.q + row, quantize_group<1>(val, lane, sums));
+    const float ss = warp_sum(r * r);
+    if (lane == 0) {
+        N.qs[group] = sums;
+        N.ssq[group] = ss;
+    }
+}
+extern "C" __global__ void __launch_bounds__(1024 / M1_ROWS, 1) gemv_m1_norm(const NormParams Q) {
+    gemv_norm<1>(Q);
+}
+#if __CUDA_ARCH__ >= 900
+extern "C" __global__ void __launch_bounds__(1024 / M1_ROWS, 1)
+    gemv_m1_norm_split(const NormParams Q) {
+    gemv_norm<0>(Q);
+}
+#endif
 GEMV_ENTRIES(1, M1_ROWS, M1_MINB_SPLIT, M1_MINB_SPLIT == 4 ? 2 : M1_MINB_SPLIT, 0, _split)
 GEMV_ENTRIES(2, 2, 2, 2, 1, )
 GEMV_ENTRIES(4, 4, 1, 2, 1, )

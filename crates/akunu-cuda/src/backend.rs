@@ -8,7 +8,9 @@
 //! - gate and up with the gated activation are one kernel for decode-sized batches;
 //! - QK-norm, RoPE of Q and K, and the KV-cache write are one kernel, and in decode passes
 //!   with one token per slot part of the attention kernel;
-//! - a block's optional post-norm, its residual add and the next norm are one kernel.
+//! - a block's optional post-norm, its residual add and the next norm are one kernel; in
+//!   single-token decode, where the block has no post-norm, they are part of the block's
+//!   output projection (`matmul::gemv_residual_norm`), whose readers divide by the RMS.
 //!
 //! A pass copies the batch's token ids, positions, slots and output rows into one device
 //! buffer and runs the steps; kernels read that metadata on the device, so the launches of a
@@ -443,6 +445,33 @@ impl CudaBackend {
                 .is_some_and(|(f, _)| f.fuses_rope(&Queries::PerToken, c.n_head, c.n_head_kv))
     }
 
+    /// The norm weights and epsilon of the `ResidualNorm` step after the `Products` step `i`
+    /// when the product takes it into its kernel in an `m`-token pass: one decode token, a
+    /// single output projection of the block into `Out`, quantized products, and a norm with
+    /// no post-norm that feeds products.
+    fn norm_in_product(&self, i: usize, m: usize) -> Option<(&DeviceBuffer, f32)> {
+        let n_embd = self.model.config.n_embd;
+        let (
+            Some(Step::Products { items, .. }),
+            Some(Step::ResidualNorm {
+                post: None,
+                next,
+                eps,
+                select: false,
+            }),
+        ) = (self.steps.get(i), self.steps.get(i + 1))
+        else {
+            return None;
+        };
+        let fits = m == 1
+            && self.mm.folds_norms()
+            && self.mm.quantizes()
+            && n_embd.is_multiple_of(32)
+            && matches!(items.as_slice(), [p] if p.dst == Buf::Out
+                && self.matrix(p.w).rows() == n_embd);
+        fits.then_some((next, *eps))
+    }
+
     /// The rotation of the `QkRopeStore` step `i`, for the attention kernel.
     fn flash_rope(&self, i: usize) -> Option<FlashRope> {
         let Step::QkRopeStore { rope: r, .. } = self.steps.get(i)? else {
@@ -541,6 +570,22 @@ impl CudaBackend {
                         bias: p.bias.as_ref().map(|b| b.ptr()),
                     })
                     .collect();
+                if let Some((next, eps)) = self.norm_in_product(i, m) {
+                    let p = &products[0];
+                    return crate::matmul::gemv_residual_norm(
+                        gpu,
+                        &self.mm,
+                        p.w,
+                        p.bias,
+                        &mut self.acts.borrow_mut(),
+                        &crate::matmul::ResidualNorm {
+                            residual: self.buf(Buf::Residual),
+                            weight: next.ptr(),
+                            eps,
+                            normed: self.buf(Buf::Normed),
+                        },
+                    );
+                }
                 if small {
                     let acts = self.acts.borrow();
                     return crate::matmul::gemv_many(gpu, &self.mm, &products, &acts, m);
@@ -714,6 +759,9 @@ impl CudaBackend {
                 eps,
                 select,
             } => {
+                if i > 0 && self.norm_in_product(i - 1, m).is_some() {
+                    return Ok(());
+                }
                 // In decode the products that read the norm take its int8 form from here.
                 let normed = self.buf(Buf::Normed);
                 let fuse = small && !*select && self.mm.quantizes() && c.n_embd.is_multiple_of(32);

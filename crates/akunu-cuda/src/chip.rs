@@ -39,6 +39,12 @@ pub struct ChipConfig {
     pub gemv_waves: usize,
     /// Largest batch served by the GEMV kernels; larger batches use the tiled GEMM.
     pub gemv_max_m: usize,
+    /// Single-token decode folds each block's residual add and the next RMSNorm into the
+    /// output projection before it (`matmul::gemv_residual_norm`), where the block has no
+    /// post-norm: no norm launches between blocks. The value is the most blocks (a thread
+    /// block cluster, Hopper and later) that share a 32-row group of that product when there
+    /// are too few groups to fill the GPU, up to 4; 0 keeps the norms apart.
+    pub gemv_norm: usize,
     /// Decode steps launch their kernels with programmatic dependent launch (Hopper and later),
     /// so each one is scheduled while its predecessor drains; `AKUNU_CHIP_DEPENDENT_LAUNCH=0`
     /// turns it off.
@@ -135,6 +141,7 @@ impl ChipConfig {
             gemv_waves: env_override("gemv_waves", 1),
             gemv_max_m: env_override("gemv_max_m", crate::matmul::MAX_M)
                 .clamp(1, crate::matmul::MAX_M),
+            gemv_norm: env_override("gemv_norm", 2).min(if major >= 9 { 4 } else { 1 }),
             dependent_launch: major >= 9 && env_override("dependent_launch", 1) != 0,
             rope_in_attention_from: env_override("rope_in_attention_from", 128),
         }

@@ -373,7 +373,7 @@ impl Gpu {
         // SAFETY: each parameter points at 8 bytes holding the argument in the kernel's
         // parameter layout (little-endian, so 4-byte scalars sit in the first 4 bytes); the
         // values live until the call returns, which copies them.
-        unsafe { self.launch_raw(k, grid, block, smem, &mut params) }
+        unsafe { self.launch_raw(k, grid, block, smem, 1, &mut params) }
     }
 
     /// Launches a kernel whose only parameter is a struct with `params`' `#[repr(C)]` layout.
@@ -385,14 +385,34 @@ impl Gpu {
         smem: u32,
         params: &T,
     ) -> Result<(), CudaError> {
+        self.launch_cluster_with(k, grid, block, smem, 1, params)
+    }
+
+    /// [`Gpu::launch_with`] in thread block clusters of `cluster` consecutive blocks along x
+    /// (Hopper and later; at most 8), which `grid.0` must be a multiple of.
+    pub fn launch_cluster_with<T: bytemuck::Pod>(
+        &self,
+        k: &Kernel,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
+        cluster: u32,
+        params: &T,
+    ) -> Result<(), CudaError> {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
+        }
+        if cluster == 0 || cluster > 8 || !grid.0.is_multiple_of(cluster) {
+            return Err(CudaError::Bounds(format!(
+                "a grid of {} blocks in clusters of {cluster}",
+                grid.0
+            )));
         }
         let mut copy = *params;
         let mut ptrs = [&mut copy as *mut T as *mut c_void];
         // SAFETY: the one parameter points at a live copy of the struct, which the kernel
         // declares with the same C layout; the launch copies it before returning.
-        unsafe { self.launch_raw(k, grid, block, smem, &mut ptrs) }
+        unsafe { self.launch_raw(k, grid, block, smem, cluster, &mut ptrs) }
     }
 
     /// # Safety
@@ -403,17 +423,31 @@ impl Gpu {
         grid: (u32, u32, u32),
         block: (u32, u32, u32),
         smem: u32,
+        cluster: u32,
         params: &mut [*mut c_void],
     ) -> Result<(), CudaError> {
         self.bind()?;
-        let launched = if self.dependent.load(Ordering::Relaxed) {
-            // Programmatic stream serialization: the kernel may start while its predecessor
-            // drains; it waits for the predecessor's writes itself (`pdl_begin` in common.cuh).
-            // In a captured graph this becomes a programmatic edge.
-            let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
-            attr.id =
-                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-            attr.value.programmaticStreamSerializationAllowed = 1;
+        let dependent = self.dependent.load(Ordering::Relaxed);
+        let launched = if dependent || cluster > 1 {
+            let mut attrs: [sys::CUlaunchAttribute; 2] = std::mem::zeroed();
+            let mut n = 0;
+            if dependent {
+                // Programmatic stream serialization: the kernel may start while its
+                // predecessor drains; it waits for the predecessor's writes itself
+                // (`pdl_begin` in common.cuh). In a captured graph this becomes a
+                // programmatic edge.
+                attrs[n].id =
+                    sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+                attrs[n].value.programmaticStreamSerializationAllowed = 1;
+                n += 1;
+            }
+            if cluster > 1 {
+                attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+                attrs[n].value.clusterDim.x = cluster;
+                attrs[n].value.clusterDim.y = 1;
+                attrs[n].value.clusterDim.z = 1;
+                n += 1;
+            }
             let config = sys::CUlaunchConfig {
                 gridDimX: grid.0,
                 gridDimY: grid.1,
@@ -423,8 +457,8 @@ impl Gpu {
                 blockDimZ: block.2,
                 sharedMemBytes: smem,
                 hStream: self.stream.cu_stream(),
-                attrs: &mut attr,
-                numAttrs: 1,
+                attrs: attrs.as_mut_ptr(),
+                numAttrs: n as u32,
             };
             sys::cuLaunchKernelEx(
                 &config,

@@ -12,6 +12,10 @@
 //!   input (q, k and v; gate and up) reuses it. In decode the fused residual add + RMSNorm
 //!   and the attention write that form themselves ([`ActScratch::written_by`]), so the
 //!   products after them launch no quantizer.
+//! - [`gemv_residual_norm`] is the single-token product that closes a decoder block with the
+//!   residual add and the next RMSNorm folded in: it leaves the norm's input undivided by the
+//!   RMS, with per-group sums of squares, and the products that read it apply the factor to
+//!   their sums, so decode launches no norm between blocks.
 //! - [`gemv`] multiplies with `__dp4a` (four int8 products per instruction) so that one weight
 //!   read serves all m tokens at the speed of memory; F32, F16 and BF16 weights use the f32
 //!   inputs. [`gemv_many`] runs up to three products of one input (q, k and v) in one launch,
@@ -284,6 +288,11 @@ struct TypeKernels {
     /// `gemv_m1_split` and `gemv_gated_m1_split`: m = 1 with rows split over warps.
     gemv_split: Kernel,
     gated_split: Kernel,
+    /// `gemv_m1_norm`: m = 1 with the residual add and the next norm, where the chip config
+    /// folds norms into products; `gemv_m1_norm_split`, the same on clusters, where it lets
+    /// several blocks share a group.
+    norm: Option<Kernel>,
+    norm_split: Option<Kernel>,
     embed: Kernel,
 }
 
@@ -341,6 +350,12 @@ impl MatmulKernels {
                 gated,
                 gemv_split: gpu.kernel("gemv.cu", "gemv_m1_split", &defines)?,
                 gated_split: gpu.kernel("gemv.cu", "gemv_gated_m1_split", &defines)?,
+                norm: (gpu.chip.gemv_norm > 0)
+                    .then(|| gpu.kernel("gemv.cu", "gemv_m1_norm", &defines))
+                    .transpose()?,
+                norm_split: (gpu.chip.gemv_norm > 1)
+                    .then(|| gpu.kernel("gemv.cu", "gemv_m1_norm_split", &defines))
+                    .transpose()?,
                 embed,
             });
         }
@@ -401,6 +416,11 @@ impl MatmulKernels {
             _ => blocks,
         };
         Ok((k, blocks.min(cap.max(1))))
+    }
+
+    /// Whether [`gemv_residual_norm`] is available (the chip config's `gemv_norm`).
+    pub fn folds_norms(&self) -> bool {
+        self.types.iter().all(|t| t.norm.is_some())
     }
 
     /// Whether products with these kernels read quantized activations (some weight type is
@@ -465,8 +485,13 @@ fn ksplit(ty: GgmlType, m: usize, groups: usize, cols: usize, warps: usize, fill
 /// [`ActScratch::prepare`] launches the quantizer (when the kernels have a quantized type) and
 /// remembers the input; every [`gemv`] and [`gemv_gated`] until the next `prepare` reads it.
 pub struct ActScratch {
-    q: DeviceBuffer,
-    s: DeviceBuffer,
+    /// Two sets of levels and sums: `cur` holds the prepared input, and a product that writes
+    /// the next input ([`gemv_residual_norm`]) writes the other while it reads this one.
+    q: [DeviceBuffer; 2],
+    s: [DeviceBuffer; 2],
+    cur: usize,
+    /// The groups' sums of squares of an input written by [`gemv_residual_norm`].
+    ssq: DeviceBuffer,
     max_m: usize,
     max_cols: usize,
     /// The prepared input: `m` rows of `cols` f32 at `x`, `x_stride` floats apart.
@@ -475,9 +500,22 @@ pub struct ActScratch {
     m: usize,
     cols: usize,
     quantized: bool,
+    /// The prepared input still needs dividing by its RMS: the norm's epsilon
+    /// ([`gemv_residual_norm`]).
+    rms_eps: Option<f32>,
     /// An input another kernel quantized into the scratch ([`ActScratch::written_by`]): the next
     /// `prepare` of exactly that input launches nothing.
-    adopted: Option<(u64, usize, usize, usize)>,
+    adopted: Option<Adopted>,
+}
+
+/// An input written into the scratch by the kernel that computed it.
+#[derive(Clone, Copy, PartialEq)]
+struct Adopted {
+    x: u64,
+    x_stride: usize,
+    m: usize,
+    cols: usize,
+    rms_eps: Option<f32>,
 }
 
 impl ActScratch {
@@ -489,11 +527,14 @@ impl ActScratch {
                  positive multiple of {GROUP} columns"
             )));
         }
-        let q = gpu.alloc(max_m * max_cols)?;
-        let s = gpu.alloc(max_m * (max_cols / GROUP) * 16)?;
+        let q = [gpu.alloc(max_m * max_cols)?, gpu.alloc(max_m * max_cols)?];
+        let groups = max_m * (max_cols / GROUP);
+        let s = [gpu.alloc(groups * 16)?, gpu.alloc(groups * 16)?];
         Ok(ActScratch {
             q,
             s,
+            cur: 0,
+            ssq: gpu.alloc(groups * 4)?,
             max_m,
             max_cols,
             x: 0,
@@ -501,6 +542,7 @@ impl ActScratch {
             m: 0,
             cols: 0,
             quantized: false,
+            rms_eps: None,
             adopted: None,
         })
     }
@@ -537,8 +579,14 @@ impl ActScratch {
             return launch(None);
         }
         self.check_shape(m, cols)?;
-        launch(Some((self.q.ptr(), self.s.ptr())))?;
-        self.adopted = Some((x, cols, m, cols));
+        launch(Some((self.q[self.cur].ptr(), self.s[self.cur].ptr())))?;
+        self.adopted = Some(Adopted {
+            x,
+            x_stride: cols,
+            m,
+            cols,
+            rms_eps: None,
+        });
         Ok(())
     }
 
@@ -565,8 +613,15 @@ impl ActScratch {
             return Err(CudaError::Bounds(format!("activation stride {x_stride}")));
         }
         self.quantized = false;
-        let adopted = self.adopted.take() == Some((x, x_stride, m, cols));
-        if let (Some(quantize), false) = (&k.quantize, adopted) {
+        self.rms_eps = None;
+        let adopted = self
+            .adopted
+            .take()
+            .filter(|a| (a.x, a.x_stride, a.m, a.cols) == (x, x_stride, m, cols));
+        if let Some(a) = adopted {
+            self.rms_eps = a.rms_eps;
+        }
+        if let (Some(quantize), None) = (&k.quantize, adopted) {
             let groups = (cols / GROUP) as u32;
             gpu.launch(
                 quantize,
@@ -578,8 +633,8 @@ impl ActScratch {
                     Arg::I32(x_stride as i32),
                     Arg::I32(m as i32),
                     Arg::I32(cols as i32),
-                    Arg::Ptr(self.q.ptr()),
-                    Arg::Ptr(self.s.ptr()),
+                    Arg::Ptr(self.q[self.cur].ptr()),
+                    Arg::Ptr(self.s[self.cur].ptr()),
                 ],
             )?;
         }
@@ -627,10 +682,16 @@ impl ActScratch {
             )));
         }
         Ok(ActArgs {
-            q: self.q.ptr(),
-            s: self.s.ptr(),
+            q: self.q[self.cur].ptr(),
+            s: self.s[self.cur].ptr(),
             x: self.x,
             x_stride: self.x_stride as i32,
+            ssq: if self.rms_eps.is_some() {
+                self.ssq.ptr()
+            } else {
+                0
+            },
+            eps: self.rms_eps.unwrap_or(0.0),
         })
     }
 }
@@ -641,6 +702,9 @@ struct ActArgs {
     s: u64,
     x: u64,
     x_stride: i32,
+    /// `Acts::ssq` and `Acts::eps` in `kernels/gemv.cu` (0 for an input divided already).
+    ssq: u64,
+    eps: f32,
 }
 
 fn check_output(
@@ -743,6 +807,9 @@ struct GemvParams {
     early: i32,
     /// Blocks of row groups in all; the grid may have fewer (the m = 1 unsplit kernel).
     blocks: i32,
+    ssq: u64,
+    eps: f32,
+    pad: i32,
 }
 
 /// Launches the plain product kernel over `parts`: mode 0 stores (plus bias), 1 and 2
@@ -771,6 +838,7 @@ fn launch_gemv(
         }
         let a = acts.args(p.w, m)?;
         (params.aq, params.as_, params.xf, params.x_stride) = (a.q, a.s, a.x, a.x_stride);
+        (params.ssq, params.eps) = (a.ssq, a.eps);
         params.part[i] = GemvPart {
             data: p.w.data_ptr(),
             aux: p.w.aux_ptr(),
@@ -840,6 +908,148 @@ pub fn gemv_many(
     m: usize,
 ) -> Result<(), CudaError> {
     for_each_launch(parts, k.parts, |run| launch_gemv(gpu, k, run, acts, m, 0))
+}
+
+/// Where [`gemv_residual_norm`] adds its product, and the norm that follows.
+#[derive(Clone, Copy, Debug)]
+pub struct ResidualNorm {
+    /// The residual stream: one row of the product's `rows` f32, updated in place.
+    pub residual: u64,
+    /// The next RMSNorm's `rows` f32 weights and its epsilon.
+    pub weight: u64,
+    pub eps: f32,
+    /// Where `residual · weight` goes as f32 (16-byte aligned): the next products' input,
+    /// which the following [`ActScratch::prepare`] of this address takes as written.
+    pub normed: u64,
+}
+
+/// Most blocks that share a row group of [`gemv_residual_norm`] (`part` in
+/// `kernels/gemv.cu`).
+const MAX_NORM_SPLIT: usize = 4;
+
+/// The smallest matrix whose [`gemv_residual_norm`] may run on clusters.
+const NORM_SPLIT_MIN_BYTES: usize = 2 << 20;
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct NormParams {
+    gemv: GemvParams,
+    residual: u64,
+    weight: u64,
+    xf: u64,
+    q: u64,
+    qs: u64,
+    ssq: u64,
+}
+
+/// The single-token product that closes a decoder block, with the residual add and the next
+/// RMSNorm folded in: `residual += W·x (+ bias)` for the one prepared input row of `acts`,
+/// then the next products' input `norm(residual)·weight` prepared in `acts` without a launch of
+/// its own. That input is left undivided by its RMS, with each 32-value group's sum of
+/// squares; the products that read it divide their sums instead. `W` needs a multiple of 32
+/// rows (a block of the kernel owns one group).
+pub fn gemv_residual_norm(
+    gpu: &Gpu,
+    k: &MatmulKernels,
+    w: &DeviceMatrix,
+    bias: Option<u64>,
+    acts: &mut ActScratch,
+    out: &ResidualNorm,
+) -> Result<(), CudaError> {
+    let rows = w.rows;
+    if acts.m != 1 {
+        return Err(CudaError::Unsupported(format!(
+            "a residual norm product of {} prepared rows: it takes one",
+            acts.m
+        )));
+    }
+    acts.check_shape(1, rows)?;
+    if out.residual == 0 || out.weight == 0 || out.normed == 0 || !out.normed.is_multiple_of(16) {
+        return Err(CudaError::Bounds(format!(
+            "residual norm outputs {out:?}: need non-null pointers, the f32 output 16-byte \
+             aligned"
+        )));
+    }
+    if bias == Some(0) {
+        return Err(CudaError::Bounds("a null bias pointer".into()));
+    }
+    if !(out.eps.is_finite() && out.eps >= 0.0) {
+        return Err(CudaError::Bounds(format!("norm epsilon {}", out.eps)));
+    }
+    let tk = k.of(w.ty)?;
+    let Some(plain) = &tk.norm else {
+        return Err(CudaError::Unsupported(
+            "residual norm products: the chip config leaves norms out of products".into(),
+        ));
+    };
+    let a = acts.args(w, 1)?;
+    // A block per 32-row group, warps of M1_ROWS rows. With too few groups to fill the GPU,
+    // a cluster of blocks per group splits the rows' columns (a chunk per lane at least), if
+    // the matrix is large enough to repay the cluster: measured, qwen3-0.6b's products of 1.2
+    // and 1.8 MB lost 2 % split, llama3.2-1b's of 2.4 and 9.4 MB gained 1.3 % and 5 %
+    // (docs/perf/2026-11-22-residual-norm-products.md).
+    let nr = rows_per_warp(w.ty, 1);
+    let chunks = w.cols / chunk_values(w.ty);
+    let most = gpu.chip.gemv_norm.min(MAX_NORM_SPLIT);
+    let mut ks = 1;
+    while tk.norm_split.is_some()
+        && w.device_bytes() >= NORM_SPLIT_MIN_BYTES
+        && 2 * ks <= most
+        && rows / nr * ks < k.fill_warps
+        && chunks >= 32 * 2 * ks
+    {
+        ks *= 2;
+    }
+    let kernel = match &tk.norm_split {
+        Some(split) if ks > 1 => split,
+        _ => plain,
+    };
+    let spare = 1 - acts.cur;
+    let mut gemv = GemvParams::zeroed();
+    gemv.part[0] = GemvPart {
+        data: w.data_ptr(),
+        aux: w.aux_ptr(),
+        y: out.normed,
+        bias: bias.unwrap_or(0),
+        rows: rows as i32,
+        y_stride: rows as i32,
+        first_block: 0,
+        pad: 0,
+    };
+    (gemv.aq, gemv.as_, gemv.xf, gemv.x_stride) = (a.q, a.s, a.x, a.x_stride);
+    (gemv.ssq, gemv.eps) = (a.ssq, a.eps);
+    gemv.cols = w.cols as i32;
+    gemv.m = 1;
+    gemv.ksplit = ks as i32;
+    gemv.parts = 1;
+    gemv.early = k.early as i32;
+    gemv.blocks = (rows / GROUP) as i32;
+    let params = NormParams {
+        gemv,
+        residual: out.residual,
+        weight: out.weight,
+        xf: out.normed,
+        q: acts.q[spare].ptr(),
+        qs: acts.s[spare].ptr(),
+        ssq: acts.ssq.ptr(),
+    };
+    gpu.launch_cluster_with(
+        kernel,
+        ((rows / GROUP * ks) as u32, 1, 1),
+        ((32 * GROUP / nr) as u32, 1, 1),
+        0,
+        ks as u32,
+        &params,
+    )?;
+    acts.cur = spare;
+    acts.adopted = Some(Adopted {
+        x: out.normed,
+        x_stride: rows,
+        m: 1,
+        cols: rows,
+        rms_eps: Some(out.eps),
+    });
+    Ok(())
 }
 
 /// `out[t*out_stride + r] = act(gate_r·x[t]) * (up_r·x[t])` for the first `m` prepared input
@@ -916,6 +1126,8 @@ pub fn gemv_gated(
             Arg::I32(act_code),
             Arg::I32(ks as i32),
             Arg::I32(k.early as i32),
+            Arg::Ptr(a.ssq),
+            Arg::F32(a.eps),
         ],
     )
 }

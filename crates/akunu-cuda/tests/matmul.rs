@@ -735,7 +735,208 @@ fn bad_arguments_are_refused() {
         Err(CudaError::Unsupported(_))
     ));
     matmul::gemv(&gpu, &k, &w, &acts, 2, y.ptr(), 4, None).unwrap();
+    // The residual norm product: one prepared row only, rows a multiple of 32, real outputs.
+    let norm_out = matmul::ResidualNorm {
+        residual: x.ptr(),
+        weight: x.ptr(),
+        eps: 1e-6,
+        normed: y.ptr(),
+    };
+    assert!(matches!(
+        matmul::gemv_residual_norm(&gpu, &k, &w, None, &mut acts, &norm_out),
+        Err(CudaError::Unsupported(_))
+    ));
+    acts.prepare(&gpu, &k, x.ptr(), 64, 1, 64).unwrap();
+    assert!(matches!(
+        matmul::gemv_residual_norm(&gpu, &k, &w, None, &mut acts, &norm_out),
+        Err(CudaError::Unsupported(_))
+    ));
+    let (bytes32, _) = quantized(GgmlType::Q4_0, 32, 64, 3);
+    let w32 = DeviceMatrix::upload(&gpu, GgmlType::Q4_0, &bytes32, 32, 64).unwrap();
+    for bad in [
+        matmul::ResidualNorm {
+            normed: y.ptr() + 4,
+            ..norm_out
+        },
+        matmul::ResidualNorm {
+            residual: 0,
+            ..norm_out
+        },
+        matmul::ResidualNorm {
+            eps: f32::NAN,
+            ..norm_out
+        },
+    ] {
+        assert!(bounds(matmul::gemv_residual_norm(
+            &gpu, &k, &w32, None, &mut acts, &bad
+        )));
+    }
+    assert!(bounds(matmul::gemv_residual_norm(
+        &gpu,
+        &k,
+        &w32,
+        Some(0),
+        &mut acts,
+        &norm_out
+    )));
     gpu.sync().unwrap();
+}
+
+/// `gemv_residual_norm` against f64: the residual it leaves is residual + W·x (+ bias) on the
+/// input as the kernel sees it, and the products of the input it prepares (a multi-matrix and
+/// a gated one, on every launch shape) equal those products of norm(residual)·weight, where
+/// the norm takes the residual the kernel left.
+#[test]
+fn residual_norm_product_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    if !kernels(&gpu).folds_norms() {
+        eprintln!("skipped: the chip config leaves norms out of products");
+        return;
+    }
+    let eps = 1e-5f32;
+    for (c, (k, split)) in split_configs(&gpu).iter().enumerate() {
+        for (i, &ty) in TYPES.iter().enumerate() {
+            for (j, &(rows, cols)) in [(256, 256), (1024, 2304), (2048, 512), (256, 32768)]
+                .iter()
+                .enumerate()
+            {
+                let seed = 40_000 + 1000 * c as u64 + 10 * i as u64 + j as u64;
+                let what = format!("residual norm {ty} {rows}x{cols}, {split}");
+                let (bytes, w) = quantized(ty, rows, cols, seed);
+                let dm = DeviceMatrix::upload(&gpu, ty, &bytes, rows, cols).unwrap();
+                let (x, xb) = inputs(&gpu, 1, cols, seed + 1);
+                let res0 = random(rows, 2.0, seed + 2);
+                let residual = gpu.upload(&res0).unwrap();
+                let gamma: Vec<f32> = random(rows, 0.5, seed + 3)
+                    .iter()
+                    .map(|g| 1.0 + g)
+                    .collect();
+                let weight = gpu.upload(&gamma).unwrap();
+                let bias = (j == 1).then(|| random(rows, 0.5, seed + 4));
+                let bias_dev = bias.as_ref().map(|b| gpu.upload(b).unwrap());
+                let normed = poisoned(&gpu, 0, rows);
+                let mut acts = ActScratch::new(&gpu, 1, cols.max(rows)).unwrap();
+                acts.prepare(&gpu, k, xb.ptr(), cols, 1, cols).unwrap();
+                matmul::gemv_residual_norm(
+                    &gpu,
+                    k,
+                    &dm,
+                    bias_dev.as_ref().map(|b| b.ptr()),
+                    &mut acts,
+                    &matmul::ResidualNorm {
+                        residual: residual.ptr(),
+                        weight: weight.ptr(),
+                        eps,
+                        normed: normed.ptr(),
+                    },
+                )
+                .unwrap();
+                // The next products: q, k and v shaped, and a gated pair, of the same type.
+                acts.prepare(&gpu, k, normed.ptr(), rows, 1, rows).unwrap();
+                let part_rows = [96, 33, 7];
+                let parts: Vec<(DeviceMatrix, Vec<f32>, DeviceBuffer)> = part_rows
+                    .iter()
+                    .enumerate()
+                    .map(|(p, &r)| {
+                        let (b, wf) = quantized(ty, r, rows, seed + 10 + p as u64);
+                        let m = DeviceMatrix::upload(&gpu, ty, &b, r, rows).unwrap();
+                        (m, wf, poisoned(&gpu, 1, r))
+                    })
+                    .collect();
+                let products: Vec<matmul::Product> = parts
+                    .iter()
+                    .map(|(m, _, y)| matmul::Product {
+                        w: m,
+                        y: y.ptr(),
+                        y_stride: m.rows(),
+                        bias: None,
+                    })
+                    .collect();
+                matmul::gemv_many(&gpu, k, &products, &acts, 1).unwrap();
+                let gated_out = poisoned(&gpu, 1, part_rows[0]);
+                let (up_bytes, up_w) = quantized(ty, part_rows[0], rows, seed + 20);
+                let up = DeviceMatrix::upload(&gpu, ty, &up_bytes, part_rows[0], rows).unwrap();
+                matmul::gemv_gated(
+                    &gpu,
+                    k,
+                    &parts[0].0,
+                    &up,
+                    &acts,
+                    1,
+                    gated_out.ptr(),
+                    part_rows[0],
+                    Activation::Silu,
+                )
+                .unwrap();
+                gpu.sync().unwrap();
+
+                // The residual: its change is the product on the input as seen.
+                let mut got_res = vec![0f32; rows];
+                gpu.read(&residual, 0, &mut got_res).unwrap();
+                let mut want = reference(&w, rows, cols, &as_seen(ty, &x, cols, cols), cols, 1);
+                let mut exact = reference(&w, rows, cols, &x, cols, 1);
+                for (r, b) in want[0]
+                    .iter_mut()
+                    .chain(exact[0].iter_mut())
+                    .zip(bias.iter().flatten().chain(bias.iter().flatten()))
+                {
+                    *r += *b as f64;
+                }
+                let delta: Vec<f32> = got_res.iter().zip(&res0).map(|(g, r)| g - r).collect();
+                let e = rel_err(&delta, &want[0]);
+                assert!(e <= tolerance(ty), "{what}: residual change off by {e:.2e}");
+                let e = rel_err(&delta, &exact[0]);
+                assert!(
+                    e <= EXACT_TOL,
+                    "{what}: residual change off the exact product by {e:.2e}"
+                );
+
+                // The norm's input, and what the next products must see.
+                let scaled: Vec<f32> = got_res.iter().zip(&gamma).map(|(r, g)| r * g).collect();
+                let mut got_normed = vec![0f32; rows];
+                gpu.read(&normed, 0, &mut got_normed).unwrap();
+                assert_eq!(got_normed, scaled, "{what}: residual · weight");
+                let ss: f64 = got_res.iter().map(|&r| r as f64 * r as f64).sum();
+                let inv = 1.0 / (ss / rows as f64 + eps as f64).sqrt();
+                let seen: Vec<f32> = as_seen(ty, &scaled, rows, rows)
+                    .iter()
+                    .map(|&v| (v as f64 * inv) as f32)
+                    .collect();
+                let norm_exact: Vec<f32> =
+                    scaled.iter().map(|&v| (v as f64 * inv) as f32).collect();
+                // The norm's input has heavier tails than uniform values, so its int8 form
+                // is further from exact.
+                for (p, (m, wf, y)) in parts.iter().enumerate() {
+                    let r = m.rows();
+                    check_output(
+                        &gpu,
+                        y,
+                        1,
+                        r,
+                        r,
+                        &reference(wf, r, rows, &seen, rows, 1),
+                        &reference(wf, r, rows, &norm_exact, rows, 1),
+                        (tolerance(ty), 2.0 * EXACT_TOL),
+                        &format!("{what}: product {p} of its output"),
+                    );
+                }
+                let g = &reference(&parts[0].1, part_rows[0], rows, &seen, rows, 1)[0];
+                let u = &reference(&up_w, part_rows[0], rows, &seen, rows, 1)[0];
+                let want: Vec<f64> = g
+                    .iter()
+                    .zip(u)
+                    .map(|(&g, &u)| act_ref(Activation::Silu, g) * u)
+                    .collect();
+                let mut got = vec![0f32; part_rows[0]];
+                gpu.read(&gated_out, 0, &mut got).unwrap();
+                let e = rel_err(&got, &want);
+                assert!(
+                    e <= 2.0 * tolerance(ty),
+                    "{what}: gated product off by {e:.2e}"
+                );
+            }
+        }
+    }
 }
 
 #[test]
