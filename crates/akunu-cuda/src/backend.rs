@@ -410,6 +410,7 @@ impl CudaBackend {
     /// Launches every step for `m` tokens and `n_out` output rows.
     fn launch_pass(&mut self, m: usize, n_out: usize) -> Result<(), CudaError> {
         let profiling = self.op_times.is_some();
+        self.acts.borrow_mut().forget_written();
         let mut events = Vec::new();
         for i in 0..self.steps.len() {
             if profiling {

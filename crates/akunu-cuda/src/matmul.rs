@@ -547,6 +547,12 @@ impl ActScratch {
         })
     }
 
+    /// Forgets an input another kernel wrote into the scratch, so the next `prepare`
+    /// quantizes: for the start of a pass, whatever an earlier one left undone.
+    pub fn forget_written(&mut self) {
+        self.adopted = None;
+    }
+
     /// Whether `m` rows of `cols` values fit the scratch and its 32-value groups.
     fn check_shape(&self, m: usize, cols: usize) -> Result<(), CudaError> {
         if m == 0 || m > self.max_m || cols == 0 || cols > self.max_cols {
@@ -963,6 +969,12 @@ pub fn gemv_residual_norm(
             acts.m
         )));
     }
+    // Its blocks write the sums of squares that such an input's readers sum.
+    if acts.rms_eps.is_some() {
+        return Err(CudaError::Unsupported(
+            "a residual norm product of an input still to be divided by its RMS".into(),
+        ));
+    }
     acts.check_shape(1, rows)?;
     if out.residual == 0 || out.weight == 0 || out.normed == 0 || !out.normed.is_multiple_of(16) {
         return Err(CudaError::Bounds(format!(
@@ -1042,6 +1054,8 @@ pub fn gemv_residual_norm(
         &params,
     )?;
     acts.cur = spare;
+    // The scratch now holds the next input: products need its `prepare` first.
+    acts.m = 0;
     acts.adopted = Some(Adopted {
         x: out.normed,
         x_stride: rows,
