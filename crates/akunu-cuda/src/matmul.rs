@@ -818,6 +818,30 @@ struct GemvParams {
     pad: i32,
 }
 
+impl GemvPart {
+    /// The part of product `p`, its blocks counted from the launch's first.
+    fn of(p: &Product) -> GemvPart {
+        GemvPart {
+            data: p.w.data_ptr(),
+            aux: p.w.aux_ptr(),
+            y: p.y,
+            bias: p.bias.unwrap_or(0),
+            rows: p.w.rows as i32,
+            y_stride: p.y_stride as i32,
+            first_block: 0,
+            pad: 0,
+        }
+    }
+}
+
+impl GemvParams {
+    /// The prepared input's fields.
+    fn set_input(&mut self, a: &ActArgs) {
+        (self.aq, self.as_, self.xf, self.x_stride) = (a.q, a.s, a.x, a.x_stride);
+        (self.ssq, self.eps) = (a.ssq, a.eps);
+    }
+}
+
 /// Launches the plain product kernel over `parts`: mode 0 stores (plus bias), 1 and 2
 /// multiply into silu(y) and gelu(y).
 fn launch_gemv(
@@ -842,19 +866,8 @@ fn launch_gemv(
         if p.bias == Some(0) {
             return Err(CudaError::Bounds("a null bias pointer".into()));
         }
-        let a = acts.args(p.w, m)?;
-        (params.aq, params.as_, params.xf, params.x_stride) = (a.q, a.s, a.x, a.x_stride);
-        (params.ssq, params.eps) = (a.ssq, a.eps);
-        params.part[i] = GemvPart {
-            data: p.w.data_ptr(),
-            aux: p.w.aux_ptr(),
-            y: p.y,
-            bias: p.bias.unwrap_or(0),
-            rows: p.w.rows as i32,
-            y_stride: p.y_stride as i32,
-            first_block: 0,
-            pad: 0,
-        };
+        params.set_input(&acts.args(p.w, m)?);
+        params.part[i] = GemvPart::of(p);
         groups += p.w.rows.div_ceil(nr);
     }
     let cols = parts[0].w.cols;
@@ -1018,18 +1031,13 @@ pub fn gemv_residual_norm(
     };
     let spare = 1 - acts.cur;
     let mut gemv = GemvParams::zeroed();
-    gemv.part[0] = GemvPart {
-        data: w.data_ptr(),
-        aux: w.aux_ptr(),
+    gemv.part[0] = GemvPart::of(&Product {
+        w,
         y: out.normed,
-        bias: bias.unwrap_or(0),
-        rows: rows as i32,
-        y_stride: rows as i32,
-        first_block: 0,
-        pad: 0,
-    };
-    (gemv.aq, gemv.as_, gemv.xf, gemv.x_stride) = (a.q, a.s, a.x, a.x_stride);
-    (gemv.ssq, gemv.eps) = (a.ssq, a.eps);
+        y_stride: rows,
+        bias,
+    });
+    gemv.set_input(&a);
     gemv.cols = w.cols as i32;
     gemv.m = 1;
     gemv.ksplit = ks as i32;

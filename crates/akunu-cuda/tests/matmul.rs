@@ -819,18 +819,19 @@ fn residual_norm_product_matches_reference() {
                 let normed = poisoned(&gpu, 0, rows);
                 let mut acts = ActScratch::new(&gpu, 1, cols.max(rows)).unwrap();
                 acts.prepare(&gpu, k, xb.ptr(), cols, 1, cols).unwrap();
+                let norm_out = matmul::ResidualNorm {
+                    residual: residual.ptr(),
+                    weight: weight.ptr(),
+                    eps,
+                    normed: normed.ptr(),
+                };
                 matmul::gemv_residual_norm(
                     &gpu,
                     k,
                     &dm,
                     bias_dev.as_ref().map(|b| b.ptr()),
                     &mut acts,
-                    &matmul::ResidualNorm {
-                        residual: residual.ptr(),
-                        weight: weight.ptr(),
-                        eps,
-                        normed: normed.ptr(),
-                    },
+                    &norm_out,
                 )
                 .unwrap();
                 // No product before the next input is prepared.
@@ -879,19 +880,7 @@ fn residual_norm_product_matches_reference() {
                 // Its blocks would write the sums of squares its own readers add up.
                 if rows == cols {
                     assert!(matches!(
-                        matmul::gemv_residual_norm(
-                            &gpu,
-                            k,
-                            &dm,
-                            None,
-                            &mut acts,
-                            &matmul::ResidualNorm {
-                                residual: residual.ptr(),
-                                weight: weight.ptr(),
-                                eps,
-                                normed: normed.ptr(),
-                            },
-                        ),
+                        matmul::gemv_residual_norm(&gpu, k, &dm, None, &mut acts, &norm_out),
                         Err(CudaError::Unsupported(_))
                     ));
                 }
