@@ -108,6 +108,28 @@ __device__ __forceinline__ void load_a16(A16& a, const Acts& x, int t, int grp, 
     a.s = h ? s.w : s.z;
 }
 
+// An input the product quantized itself into shared memory (gemv_m1_norm_q): one token, the
+// scratch's layout (levels at q[col], sums at s[group]), already divided by any RMS.
+struct SmemActs {
+    const i8* q;
+    const float4* s;
+};
+__device__ __forceinline__ float norm_scale(const SmemActs&) { return 1.0f; }
+__device__ __forceinline__ void load_a32(A32& a, const SmemActs& x, int, int grp) {
+    const int4* p = (const int4*)x.q + 2 * grp;
+    a.lo = p[0];
+    a.hi = p[1];
+    const float2 ds = *(const float2*)(x.s + grp);
+    a.d = ds.x;
+    a.s = ds.y;
+}
+__device__ __forceinline__ void load_a16(A16& a, const SmemActs& x, int, int grp, int h) {
+    a.v = ((const int4*)x.q)[2 * grp + h];
+    const float4 s = x.s[grp];
+    a.d = s.x;
+    a.s = h ? s.w : s.z;
+}
+
 __device__ __forceinline__ int dp4a(u32 a, int b, int c) { return __dp4a((int)a, b, c); }
 
 // Bits 0..3 of b moved to bit 0 of bytes 0..3.
@@ -173,7 +195,8 @@ __device__ __forceinline__ void load_w(W& w, const QMatrix& mat, int row, int ch
     w.qh = a.y;
 #endif
 }
-__device__ __forceinline__ void load_a(A& a, const Acts& x, int t, int ch) { load_a32(a, x, t, ch); }
+template <class X>
+__device__ __forceinline__ void load_a(A& a, const X& x, int t, int ch) { load_a32(a, x, t, ch); }
 __device__ __forceinline__ float dot(const W& w, const A& a) {
     u32 q[4];
     int al[4], ah[4];
@@ -224,7 +247,8 @@ __device__ __forceinline__ void load_w(W& w, const QMatrix& mat, int row, int ch
     w.q1 = ld_weights(mat.data + i * QB + 16);
     w.d = f16_to_f32(__ldg((const u16*)mat.aux + i));
 }
-__device__ __forceinline__ void load_a(A& a, const Acts& x, int t, int ch) { load_a32(a, x, t, ch); }
+template <class X>
+__device__ __forceinline__ void load_a(A& a, const X& x, int t, int ch) { load_a32(a, x, t, ch); }
 __device__ __forceinline__ float dot(const W& w, const A& a) {
     u32 q0[4], q1[4];
     int al[4], ah[4];
@@ -259,7 +283,8 @@ __device__ __forceinline__ void load_w(W& w, const QMatrix& mat, int row, int ch
     const int ls = (int)(((a.y >> (4 * j)) & 15u) | (((a.x >> (16 + 2 * j)) & 3u) << 4));
     w.d = f16_to_f32((u16)(a.x & 0xFFFFu)) * (float)(ls - 32);
 }
-__device__ __forceinline__ void load_a(A& a, const Acts& x, int t, int ch) { load_a32(a, x, t, ch); }
+template <class X>
+__device__ __forceinline__ void load_a(A& a, const X& x, int t, int ch) { load_a32(a, x, t, ch); }
 __device__ __forceinline__ float dot(const W& w, const A& a) {
     u32 q[4];
     int al[4], ah[4];
@@ -323,7 +348,8 @@ __device__ __forceinline__ void load_w(W& w, const QMatrix& mat, int row, int ch
     w.m1 = dmin * (float)(mn & 0xFFu);
     w.m2 = dmin * (float)((mn >> 8) & 0xFFu);
 }
-__device__ __forceinline__ void load_a(A& a, const Acts& x, int t, int ch) {
+template <class X>
+__device__ __forceinline__ void load_a(A& a, const X& x, int t, int ch) {
     const int grp = (ch >> 2) * 8 + 2 * (ch & 3);
     load_a32(a.a0, x, t, grp);
     load_a32(a.a1, x, t, grp + 1);
@@ -392,7 +418,8 @@ __device__ __forceinline__ void load_w(W& w, const QMatrix& mat, int row, int ch
     w.sc = __byte_perm(sc.x, sc.y, 0x6420u + 0x1111u * h);
     w.d = f16_to_f32(__ldg((const u16*)(mat.aux + nblocks * AB) + i));
 }
-__device__ __forceinline__ void load_a(A& a, const Acts& x, int t, int ch) {
+template <class X>
+__device__ __forceinline__ void load_a(A& a, const X& x, int t, int ch) {
     const int k = ch & 3;
     const int grp = (ch >> 2) * 8 + 4 * (k >> 1);
 #pragma unroll
@@ -473,7 +500,8 @@ __device__ __forceinline__ void load_w(W& w, const QMatrix& mat, int row, int ch
     }
 #endif
 }
-__device__ __forceinline__ void load_a(A& a, const Acts& x, int t, int ch) {
+template <class X>
+__device__ __forceinline__ void load_a(A& a, const X& x, int t, int ch) {
     const int k = ch & 3;
     const int grp = (ch >> 2) * 8 + 4 * (k >> 1);
 #pragma unroll
@@ -622,11 +650,16 @@ __device__ __forceinline__ float reduce_values(float (&v)[V], int lane) {
 // and the input's norm_scale, which the caller applies to the reduced sums.
 // The weights do not depend on the preceding kernel, so with `early` the first batch is
 // requested before waiting for it: under dependent launch those loads overlap the
-// predecessor's tail.
-template <int M, int NR, int KS>
+// predecessor's tail. `ready` runs once the predecessor's writes are visible, before the first
+// activation is read (every thread of the block calls row_dots alike).
+struct NothingToPrepare {
+    __device__ __forceinline__ void operator()() const {}
+};
+template <int M, int NR, int KS, class X = Acts, class Ready = NothingToPrepare>
 __device__ __forceinline__ void row_dots(const QMatrix (&mat)[NR], const int (&row)[NR],
-                                         const Acts& x, int m, int first, int stride, bool early,
-                                         float (&acc)[NR][M], float& scale) {
+                                         const X& x, int m, int first, int stride, bool early,
+                                         float (&acc)[NR][M], float& scale,
+                                         const Ready& ready = Ready{}) {
 #pragma unroll
     for (int r = 0; r < NR; r++) {
 #pragma unroll
@@ -651,6 +684,7 @@ __device__ __forceinline__ void row_dots(const QMatrix (&mat)[NR], const int (&r
     if (early) pdl_wait();
     // Released only past the wait, so at most two grids share the SMs.
     pdl_release();
+    ready();
     scale = norm_scale(x);
     for (int c0 = first; c0 < nch; c0 += step * U) {
         if (c0 != first) load_batch(c0);
@@ -1007,6 +1041,55 @@ struct NormParams {
     NormOut N;
 };
 
+#define QUANTIZED_ACTS (QTYPE != GGML_F32 && QTYPE != GGML_F16 && QTYPE != GGML_BF16)
+
+#if QUANTIZED_ACTS
+// The part of a one-token f32 input x that share `share` of `ks` blocks reads, quantized into
+// shared memory at q and s in the scratch's layout (identical bits to quantize_act). Block
+// `share` reads runs of 32 chunks (32·CV values: whole weight blocks of every type) j ≡ share
+// (mod ks), so it quantizes those. A warp quantizes four groups (128 values, a float4 a lane)
+// at a time, with up to 4 of them requested at once: one round trip for 8,192 values a block of
+// 16 warps.
+__device__ __forceinline__ void quantize_into_smem(const float* x, int cols, int share, int ks,
+                                                   i8* q, float4* s) {
+    constexpr int RUN = CV / 4;  // 4-group units per run
+    constexpr int BATCH = QTYPE == GGML_Q3_K ? 1 : 4;  // Q3_K: more would spill
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int units = (cols + 127) / 128;
+    for (int i0 = warp;; i0 += BATCH * nw) {
+        float v[BATCH][4];
+        int col[BATCH], unit = 0;
+#pragma unroll
+        for (int b = 0; b < BATCH; b++) {
+            const int i = i0 + b * nw;
+            unit = (i / RUN * ks + share) * RUN + i % RUN;
+            col[b] = unit < units ? unit * 128 + 4 * lane : cols + 128;
+            if (col[b] < cols) {
+                ldcg4(x + col[b], v[b]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; e++) v[b][e] = 0.0f;
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < BATCH; b++) {
+            // Warp-uniform: the unit lies before the end of the row or not.
+            if (col[b] - 4 * lane < cols) {
+                float4 sums;
+                const u32 levels = quantize_group<4>(v[b], lane, sums);
+                if (col[b] < cols) {
+                    store_levels<4>(q + col[b], levels);
+                    if ((lane & 7) == 0) s[col[b] / 32] = sums;
+                }
+            }
+        }
+        // The units grow with i: none is left past the batch's last.
+        if (unit >= units - 1) break;
+    }
+    __syncthreads();
+}
+#endif
+
 // m = 1, the product that closes a decoder block (attention's or the FFN's output
 // projection) with the residual add and the next RMSNorm folded in, so no norm launch sits
 // between it and the products that read the norm. A block of 32 / M1_ROWS warps owns 32
@@ -1018,7 +1101,11 @@ struct NormParams {
 // clusters. The division by the RMS is left to the readers (norm_scale): a positive factor
 // does not change a group's int8 levels, only its scale, and every product is linear in it.
 // KS = 1: one block per group (gemv_m1_norm), 0: clusters (gemv_m1_norm_split, Hopper only).
-template <int KS>
+// QIN: the input is the f32 row P.xf, which each block quantizes itself into shared memory
+// (quantize_into_smem, P.cols + P.cols / 2 bytes of dynamic shared memory) once the
+// predecessor's writes are visible, so no quantize launch precedes the product
+// (gemv_m1_norm_q, gemv_m1_norm_split_q).
+template <int KS, bool QIN>
 __device__ __forceinline__ void gemv_norm(const NormParams& Q) {
     const GemvParams& P = Q.P;
     const NormOut& N = Q.N;
@@ -1043,7 +1130,19 @@ __device__ __forceinline__ void gemv_norm(const NormParams& Q) {
         rows[r] = row0 + warp * M1_ROWS + r;
     }
     float acc[M1_ROWS][1], scale;
-    row_dots<1, M1_ROWS, KS>(mats, rows, x, 1, 32 * share + lane, 32 * ks, P.early, acc, scale);
+    if constexpr (QIN) {
+#if QUANTIZED_ACTS
+        extern __shared__ __align__(16) u8 act_smem[];
+        i8* q = (i8*)act_smem;
+        float4* qs = (float4*)(act_smem + P.cols);
+        const auto ready = [&] { quantize_into_smem(P.xf, P.cols, share, ks, q, qs); };
+        row_dots<1, M1_ROWS, KS>(mats, rows, SmemActs{q, qs}, 1, 32 * share + lane, 32 * ks,
+                                 P.early, acc, scale, ready);
+#endif
+    } else {
+        row_dots<1, M1_ROWS, KS>(mats, rows, x, 1, 32 * share + lane, 32 * ks, P.early, acc,
+                                 scale);
+    }
     // The finishing warp's loads go out before the barrier.
     const bool finisher = share == 0 && warp == 0;
     const int row = row0 + lane;
@@ -1093,13 +1192,25 @@ __device__ __forceinline__ void gemv_norm(const NormParams& Q) {
     }
 }
 extern "C" __global__ void __launch_bounds__(1024 / M1_ROWS, 1) gemv_m1_norm(const NormParams Q) {
-    gemv_norm<1>(Q);
+    gemv_norm<1, false>(Q);
 }
+#if QUANTIZED_ACTS
+extern "C" __global__ void __launch_bounds__(1024 / M1_ROWS, 1)
+    gemv_m1_norm_q(const NormParams Q) {
+    gemv_norm<1, true>(Q);
+}
+#endif
 #if __CUDA_ARCH__ >= 900
 extern "C" __global__ void __launch_bounds__(1024 / M1_ROWS, 1)
     gemv_m1_norm_split(const NormParams Q) {
-    gemv_norm<0>(Q);
+    gemv_norm<0, false>(Q);
 }
+#if QUANTIZED_ACTS
+extern "C" __global__ void __launch_bounds__(1024 / M1_ROWS, 1)
+    gemv_m1_norm_split_q(const NormParams Q) {
+    gemv_norm<0, true>(Q);
+}
+#endif
 #endif
 GEMV_ENTRIES(1, M1_ROWS, M1_MINB_SPLIT, M1_MINB_SPLIT == 4 ? 2 : M1_MINB_SPLIT, 0, _split)
 GEMV_ENTRIES(2, 2, 2, 2, 1, )

@@ -552,15 +552,18 @@ impl CudaBackend {
                         &self.gemm_x,
                     )?;
                 }
+                let norm = self.norm_in_product(i, m);
                 if small {
-                    self.acts.borrow_mut().prepare(
-                        gpu,
-                        &self.mm,
-                        self.buf(*src),
-                        width,
-                        m,
-                        width,
-                    )?;
+                    let mut acts = self.acts.borrow_mut();
+                    let x = self.buf(*src);
+                    let quantizes_itself = norm.is_some()
+                        && matches!(items.as_slice(), [p]
+                            if crate::matmul::residual_norm_quantizes(gpu, &self.mm, self.matrix(p.w)));
+                    if quantizes_itself {
+                        acts.prepare_unquantized(gpu, x, width, m, width)?;
+                    } else {
+                        acts.prepare(gpu, &self.mm, x, width, m, width)?;
+                    }
                 }
                 let products: Vec<crate::matmul::Product> = items
                     .iter()
@@ -571,7 +574,7 @@ impl CudaBackend {
                         bias: p.bias.as_ref().map(|b| b.ptr()),
                     })
                     .collect();
-                if let Some((next, eps)) = self.norm_in_product(i, m) {
+                if let Some((next, eps)) = norm {
                     let p = &products[0];
                     return crate::matmul::gemv_residual_norm(
                         gpu,

@@ -45,6 +45,10 @@ pub struct ChipConfig {
     /// block cluster, Hopper and later) that share a 32-row group of that product when there
     /// are too few groups to fill the GPU, up to 4; 0 keeps the norms apart.
     pub gemv_norm: usize,
+    /// Where `gemv_norm` folds a norm into a product whose input is f32 (the FFN's down
+    /// projection), each block of that product quantizes the input values it reads itself, so
+    /// no quantize launch precedes it, if they are at most this many; 0: never.
+    pub gemv_norm_quant: usize,
     /// Decode steps launch their kernels with programmatic dependent launch (Hopper and later),
     /// so each one is scheduled while its predecessor drains; `AKUNU_CHIP_DEPENDENT_LAUNCH=0`
     /// turns it off.
@@ -142,6 +146,7 @@ impl ChipConfig {
             gemv_max_m: env_override("gemv_max_m", crate::matmul::MAX_M)
                 .clamp(1, crate::matmul::MAX_M),
             gemv_norm: env_override("gemv_norm", 2).min(if major >= 9 { 4 } else { 1 }),
+            gemv_norm_quant: env_override("gemv_norm_quant", 16384),
             dependent_launch: major >= 9 && env_override("dependent_launch", 1) != 0,
             rope_in_attention_from: env_override("rope_in_attention_from", 128),
         }

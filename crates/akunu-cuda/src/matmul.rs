@@ -293,6 +293,10 @@ struct TypeKernels {
     /// several blocks share a group.
     norm: Option<Kernel>,
     norm_split: Option<Kernel>,
+    /// The same two quantizing their f32 input themselves (quantized types, where the chip
+    /// config's `gemv_norm_quant` allows).
+    norm_q: Option<Kernel>,
+    norm_split_q: Option<Kernel>,
     embed: Kernel,
 }
 
@@ -344,18 +348,33 @@ impl MatmulKernels {
                 gated.push(gpu.kernel("gemv.cu", &format!("gemv_gated_m{m}"), &defines)?);
             }
             let embed = gpu.kernel("embed.cu", "embed", &defines)?;
+            let chip = &gpu.chip;
+            let quant_in = ty.is_quantized() && chip.gemv_norm_quant > 0;
+            let norm_kernel = |name: &str, on: bool| {
+                on.then(|| gpu.kernel("gemv.cu", name, &defines))
+                    .transpose()
+            };
+            // The quantizing ones keep the input's levels and sums in shared memory.
+            let norm_q_kernel = |name: &str, on: bool| -> Result<Option<Kernel>, CudaError> {
+                let k = norm_kernel(name, on)?;
+                if let Some(k) = &k {
+                    k.set_max_dynamic_smem(max_norm_quant_smem(gpu))?;
+                }
+                Ok(k)
+            };
             out.push(TypeKernels {
                 ty,
                 gemv,
                 gated,
                 gemv_split: gpu.kernel("gemv.cu", "gemv_m1_split", &defines)?,
                 gated_split: gpu.kernel("gemv.cu", "gemv_gated_m1_split", &defines)?,
-                norm: (gpu.chip.gemv_norm > 0)
-                    .then(|| gpu.kernel("gemv.cu", "gemv_m1_norm", &defines))
-                    .transpose()?,
-                norm_split: (gpu.chip.gemv_norm > 1)
-                    .then(|| gpu.kernel("gemv.cu", "gemv_m1_norm_split", &defines))
-                    .transpose()?,
+                norm: norm_kernel("gemv_m1_norm", chip.gemv_norm > 0)?,
+                norm_split: norm_kernel("gemv_m1_norm_split", chip.gemv_norm > 1)?,
+                norm_q: norm_q_kernel("gemv_m1_norm_q", chip.gemv_norm > 0 && quant_in)?,
+                norm_split_q: norm_q_kernel(
+                    "gemv_m1_norm_split_q",
+                    chip.gemv_norm > 1 && quant_in,
+                )?,
                 embed,
             });
         }
@@ -421,6 +440,14 @@ impl MatmulKernels {
     /// Whether [`gemv_residual_norm`] is available (the chip config's `gemv_norm`).
     pub fn folds_norms(&self) -> bool {
         self.types.iter().all(|t| t.norm.is_some())
+    }
+
+    /// Whether [`gemv_residual_norm`] of every quantized type here can quantize its input
+    /// itself (the chip config's `gemv_norm_quant`).
+    pub fn norms_quantize_inputs(&self) -> bool {
+        self.types
+            .iter()
+            .all(|t| !t.ty.is_quantized() || t.norm_q.is_some())
     }
 
     /// Whether products with these kernels read quantized activations (some weight type is
@@ -608,6 +635,33 @@ impl ActScratch {
         m: usize,
         cols: usize,
     ) -> Result<(), CudaError> {
+        self.prepare_as(gpu, k.quantize.as_ref(), x, x_stride, m, cols)
+    }
+
+    /// Prepares the input as [`ActScratch::prepare`] does, but leaves its quantization to the
+    /// product: only float weights and [`gemv_residual_norm`] where
+    /// [`residual_norm_quantizes`] accept it.
+    pub fn prepare_unquantized(
+        &mut self,
+        gpu: &Gpu,
+        x: u64,
+        x_stride: usize,
+        m: usize,
+        cols: usize,
+    ) -> Result<(), CudaError> {
+        self.prepare_as(gpu, None, x, x_stride, m, cols)
+    }
+
+    /// `prepare`, quantizing with `quantize` unless the input was written into the scratch.
+    fn prepare_as(
+        &mut self,
+        gpu: &Gpu,
+        quantize: Option<&Kernel>,
+        x: u64,
+        x_stride: usize,
+        m: usize,
+        cols: usize,
+    ) -> Result<(), CudaError> {
         self.check_shape(m, cols)?;
         if x == 0 || !x.is_multiple_of(16) || x_stride < cols || !x_stride.is_multiple_of(4) {
             return Err(CudaError::Bounds(format!(
@@ -627,7 +681,7 @@ impl ActScratch {
         if let Some(a) = adopted {
             self.rms_eps = a.rms_eps;
         }
-        if let (Some(quantize), None) = (&k.quantize, adopted) {
+        if let (Some(quantize), None) = (quantize, adopted) {
             let groups = (cols / GROUP) as u32;
             gpu.launch(
                 quantize,
@@ -644,7 +698,7 @@ impl ActScratch {
                 ],
             )?;
         }
-        self.quantized = k.quantize.is_some();
+        self.quantized = quantize.is_some() || adopted.is_some();
         self.x = x;
         self.x_stride = x_stride;
         self.m = m;
@@ -660,6 +714,24 @@ impl ActScratch {
     /// The row length prepared last.
     pub fn cols(&self) -> usize {
         self.cols
+    }
+
+    /// The prepared one-token input of a product that quantizes it itself (f32 only).
+    fn args_unquantized(&self, w: &DeviceMatrix) -> Result<ActArgs, CudaError> {
+        if self.m != 1 || w.cols != self.cols {
+            return Err(CudaError::Bounds(format!(
+                "a {}x{} matrix times {} prepared rows of {} columns",
+                w.rows, w.cols, self.m, self.cols
+            )));
+        }
+        Ok(ActArgs {
+            q: 0,
+            s: 0,
+            x: self.x,
+            x_stride: self.x_stride as i32,
+            ssq: 0,
+            eps: 0.0,
+        })
     }
 
     /// The activation arguments of the product kernels: `aq, as, xf, x_stride`.
@@ -961,12 +1033,61 @@ struct NormParams {
     ssq: u64,
 }
 
+/// Dynamic shared memory of [`gemv_residual_norm`] quantizing its input: what a block may
+/// opt into, the kernel's static 512 bytes aside.
+fn max_norm_quant_smem(gpu: &Gpu) -> usize {
+    gpu.chip.smem_per_block.saturating_sub(512)
+}
+
+/// Shared memory for the levels and sums of `cols` input values.
+fn norm_quant_smem(cols: usize) -> usize {
+    cols + cols / 2
+}
+
+/// Blocks that share a 32-row group of [`gemv_residual_norm`] of `w` (`ksplit` of
+/// `gemv_m1_norm_split`), given whether the cluster kernel exists. A block per group, warps of
+/// M1_ROWS rows; with too few groups to fill the GPU, a cluster of blocks per group splits the
+/// rows' columns (a chunk per lane at least), if the matrix is large enough to repay the
+/// cluster: measured, qwen3-0.6b's products of 1.2 and 1.8 MB lost 2 % split, llama3.2-1b's of
+/// 2.4 and 9.4 MB gained 1.3 % and 5 % (docs/perf/2026-11-22-residual-norm-products.md).
+fn norm_split(gpu: &Gpu, k: &MatmulKernels, w: &DeviceMatrix, clusters: bool) -> usize {
+    let nr = rows_per_warp(w.ty, 1);
+    let chunks = w.cols / chunk_values(w.ty);
+    let most = gpu.chip.gemv_norm.min(MAX_NORM_SPLIT);
+    let mut ks = 1;
+    while clusters
+        && w.device_bytes() >= NORM_SPLIT_MIN_BYTES
+        && 2 * ks <= most
+        && w.rows / nr * ks < k.fill_warps
+        && chunks >= 32 * 2 * ks
+    {
+        ks *= 2;
+    }
+    ks
+}
+
+/// Whether [`gemv_residual_norm`] of `w` should take its input unquantized
+/// ([`ActScratch::prepare_unquantized`]) and quantize it in its blocks, saving the quantize
+/// launch: where the kernels exist and each block reads at most the chip config's
+/// `gemv_norm_quant` input values.
+pub fn residual_norm_quantizes(gpu: &Gpu, k: &MatmulKernels, w: &DeviceMatrix) -> bool {
+    let Ok(tk) = k.of(w.ty) else {
+        return false;
+    };
+    if tk.norm_q.is_none() || norm_quant_smem(w.cols) > max_norm_quant_smem(gpu) {
+        return false;
+    }
+    w.cols / norm_split(gpu, k, w, tk.norm_split_q.is_some()) <= gpu.chip.gemv_norm_quant
+}
+
 /// The single-token product that closes a decoder block, with the residual add and the next
 /// RMSNorm folded in: `residual += W·x (+ bias)` for the one prepared input row of `acts`,
 /// then the next products' input `norm(residual)·weight` prepared in `acts` without a launch of
 /// its own. That input is left undivided by its RMS, with each 32-value group's sum of
 /// squares; the products that read it divide their sums instead. `W` needs a multiple of 32
-/// rows (a block of the kernel owns one group).
+/// rows (a block of the kernel owns one group). An input of quantized weights prepared
+/// unquantized ([`ActScratch::prepare_unquantized`]) is quantized by the kernel's blocks, each
+/// the values it reads, into its shared memory: the quantizer's bits without its launch.
 pub fn gemv_residual_norm(
     gpu: &Gpu,
     k: &MatmulKernels,
@@ -1002,33 +1123,41 @@ pub fn gemv_residual_norm(
         return Err(CudaError::Bounds(format!("norm epsilon {}", out.eps)));
     }
     let tk = k.of(w.ty)?;
-    let Some(plain) = &tk.norm else {
-        return Err(CudaError::Unsupported(
-            "residual norm products: the chip config leaves norms out of products".into(),
-        ));
+    // An input left unquantized: the kernel's blocks quantize it.
+    let quant_in = w.ty.is_quantized() && !acts.quantized;
+    let (plain, split) = if quant_in {
+        (&tk.norm_q, &tk.norm_split_q)
+    } else {
+        (&tk.norm, &tk.norm_split)
     };
-    let a = acts.args(w, 1)?;
-    // A block per 32-row group, warps of M1_ROWS rows. With too few groups to fill the GPU,
-    // a cluster of blocks per group splits the rows' columns (a chunk per lane at least), if
-    // the matrix is large enough to repay the cluster: measured, qwen3-0.6b's products of 1.2
-    // and 1.8 MB lost 2 % split, llama3.2-1b's of 2.4 and 9.4 MB gained 1.3 % and 5 %
-    // (docs/perf/2026-11-22-residual-norm-products.md).
-    let nr = rows_per_warp(w.ty, 1);
-    let chunks = w.cols / chunk_values(w.ty);
-    let most = gpu.chip.gemv_norm.min(MAX_NORM_SPLIT);
-    let mut ks = 1;
-    while tk.norm_split.is_some()
-        && w.device_bytes() >= NORM_SPLIT_MIN_BYTES
-        && 2 * ks <= most
-        && rows / nr * ks < k.fill_warps
-        && chunks >= 32 * 2 * ks
-    {
-        ks *= 2;
-    }
-    let kernel = match &tk.norm_split {
+    let Some(plain) = plain else {
+        return Err(CudaError::Unsupported(if tk.norm.is_none() {
+            "residual norm products: the chip config leaves norms out of products".into()
+        } else {
+            "a residual norm product of unquantized activations: the chip config leaves \
+             their quantization out of products"
+                .into()
+        }));
+    };
+    let a = if quant_in {
+        acts.args_unquantized(w)?
+    } else {
+        acts.args(w, 1)?
+    };
+    let ks = norm_split(gpu, k, w, split.is_some());
+    let kernel = match split {
         Some(split) if ks > 1 => split,
         _ => plain,
     };
+    // The levels and sums of the input, where the blocks quantize it.
+    let smem = if quant_in { norm_quant_smem(w.cols) } else { 0 };
+    if smem > max_norm_quant_smem(gpu) {
+        return Err(CudaError::Unsupported(format!(
+            "a residual norm product quantizing {} input values: its blocks hold at most {}",
+            w.cols,
+            max_norm_quant_smem(gpu) * 2 / 3
+        )));
+    }
     let spare = 1 - acts.cur;
     let mut gemv = GemvParams::zeroed();
     gemv.part[0] = GemvPart::of(&Product {
@@ -1056,8 +1185,8 @@ pub fn gemv_residual_norm(
     gpu.launch_cluster_with(
         kernel,
         ((rows / GROUP * ks) as u32, 1, 1),
-        ((32 * GROUP / nr) as u32, 1, 1),
-        0,
+        ((32 * GROUP / rows_per_warp(w.ty, 1)) as u32, 1, 1),
+        smem as u32,
         ks as u32,
         &params,
     )?;

@@ -779,6 +779,32 @@ fn bad_arguments_are_refused() {
         &mut acts,
         &norm_out
     )));
+    // An unquantized input: refused by the plain products, and by the residual norm product
+    // beyond the width its blocks can hold quantized.
+    acts.prepare_unquantized(&gpu, x.ptr(), 64, 1, 64).unwrap();
+    assert!(matches!(
+        matmul::gemv(&gpu, &k, &w32, &acts, 1, y.ptr(), 32, None),
+        Err(CudaError::Unsupported(_))
+    ));
+    let wide_cols = (gpu.chip.smem_per_block * 2 / 3).next_multiple_of(1024);
+    let wide = DeviceMatrix::upload(
+        &gpu,
+        GgmlType::Q4_0,
+        &quantized(GgmlType::Q4_0, 32, wide_cols, 4).0,
+        32,
+        wide_cols,
+    )
+    .unwrap();
+    let mut wide_acts = ActScratch::new(&gpu, 1, wide_cols).unwrap();
+    let wide_x = gpu.alloc(wide_cols * 4).unwrap();
+    wide_acts
+        .prepare_unquantized(&gpu, wide_x.ptr(), wide_cols, 1, wide_cols)
+        .unwrap();
+    assert!(!matmul::residual_norm_quantizes(&gpu, &k, &wide));
+    assert!(matches!(
+        matmul::gemv_residual_norm(&gpu, &k, &wide, None, &mut wide_acts, &norm_out),
+        Err(CudaError::Unsupported(_))
+    ));
     gpu.sync().unwrap();
 }
 
@@ -912,6 +938,18 @@ fn residual_norm_product_matches_reference() {
                 let mut got_normed = vec![0f32; rows];
                 gpu.read(&normed, 0, &mut got_normed).unwrap();
                 assert_eq!(got_normed, scaled, "{what}: residual · weight");
+                if ty.is_quantized() && k.norms_quantize_inputs() {
+                    quantized_in_blocks_gives_same_bits(
+                        &gpu,
+                        k,
+                        &dm,
+                        bias_dev.as_ref().map(|b| b.ptr()),
+                        (&xb, &res0, &weight, eps),
+                        (&got_res, &got_normed),
+                        (&parts[0].0, &parts[0].2),
+                        &what,
+                    );
+                }
                 let ss: f64 = got_res.iter().map(|&r| r as f64 * r as f64).sum();
                 let inv = 1.0 / (ss / rows as f64 + eps as f64).sqrt();
                 let seen: Vec<f32> = as_seen(ty, &scaled, rows, rows)
@@ -953,6 +991,119 @@ fn residual_norm_product_matches_reference() {
             }
         }
     }
+}
+
+/// `gemv_residual_norm` of the same case with its input left unquantized, so that its blocks
+/// quantize it: the residual, `residual · weight` and a product of the input it prepares have
+/// the bits of the run after a quantize launch (`want_*`, `product` and its output `want_y`).
+#[allow(clippy::too_many_arguments)]
+fn quantized_in_blocks_gives_same_bits(
+    gpu: &Arc<Gpu>,
+    k: &MatmulKernels,
+    w: &DeviceMatrix,
+    bias: Option<u64>,
+    (x, res0, weight, eps): (&DeviceBuffer, &[f32], &DeviceBuffer, f32),
+    (want_res, want_normed): (&[f32], &[f32]),
+    (product, want_y): (&DeviceMatrix, &DeviceBuffer),
+    what: &str,
+) {
+    let (rows, cols) = (w.rows(), w.cols());
+    let residual = gpu.upload(res0).unwrap();
+    let normed = poisoned(gpu, 0, rows);
+    let mut acts = ActScratch::new(gpu, 1, cols.max(rows)).unwrap();
+    acts.prepare_unquantized(gpu, x.ptr(), cols, 1, cols)
+        .unwrap();
+    let out = matmul::ResidualNorm {
+        residual: residual.ptr(),
+        weight: weight.ptr(),
+        eps,
+        normed: normed.ptr(),
+    };
+    matmul::gemv_residual_norm(gpu, k, w, bias, &mut acts, &out).unwrap();
+    acts.prepare(gpu, k, normed.ptr(), rows, 1, rows).unwrap();
+    let y = poisoned(gpu, 1, product.rows());
+    matmul::gemv(gpu, k, product, &acts, 1, y.ptr(), product.rows(), None).unwrap();
+    gpu.sync().unwrap();
+    let read = |b: &DeviceBuffer, n: usize| {
+        let mut v = vec![0f32; n];
+        gpu.read(b, 0, &mut v).unwrap();
+        bits_of(&v)
+    };
+    let what = format!("{what}, quantized in its blocks");
+    assert_eq!(read(&residual, rows), bits_of(want_res), "{what}: residual");
+    assert_eq!(
+        read(&normed, rows),
+        bits_of(want_normed),
+        "{what}: residual · weight"
+    );
+    assert_eq!(
+        read(&y, product.rows()),
+        read(want_y, product.rows()),
+        "{what}: a product of its output"
+    );
+}
+
+/// The quantizing residual norm product alone, on a few types and on both kernels (one block
+/// per group, and clusters where the chip config allows): the same bits as after a quantize
+/// launch. Small enough for compute-sanitizer.
+#[test]
+fn residual_norm_quantizing_its_input() {
+    let Some(gpu) = gpu() else { return };
+    let k = kernels(&gpu);
+    if !k.norms_quantize_inputs() || !k.folds_norms() {
+        eprintln!("skipped: the chip config leaves quantization or norms out of products");
+        return;
+    }
+    for (i, &ty) in [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q8_0]
+        .iter()
+        .enumerate()
+    {
+        for (j, &(rows, cols)) in [(1024, 2304), (256, 32768)].iter().enumerate() {
+            let seed = 47_000 + 10 * i as u64 + j as u64;
+            let what = format!("residual norm {ty} {rows}x{cols}");
+            let (bytes, _) = quantized(ty, rows, cols, seed);
+            let dm = DeviceMatrix::upload(&gpu, ty, &bytes, rows, cols).unwrap();
+            let (_, xb) = inputs(&gpu, 1, cols, seed + 1);
+            let res0 = random(rows, 2.0, seed + 2);
+            let weight = gpu.upload(&random(rows, 0.5, seed + 3)).unwrap();
+            let bias = gpu.upload(&random(rows, 0.5, seed + 4)).unwrap();
+            let run = |quantize_first: bool| {
+                let residual = gpu.upload(&res0).unwrap();
+                let normed = poisoned(&gpu, 0, rows);
+                let mut acts = ActScratch::new(&gpu, 1, cols).unwrap();
+                if quantize_first {
+                    acts.prepare(&gpu, &k, xb.ptr(), cols, 1, cols).unwrap();
+                } else {
+                    acts.prepare_unquantized(&gpu, xb.ptr(), cols, 1, cols)
+                        .unwrap();
+                }
+                let out = matmul::ResidualNorm {
+                    residual: residual.ptr(),
+                    weight: weight.ptr(),
+                    eps: 1e-5,
+                    normed: normed.ptr(),
+                };
+                matmul::gemv_residual_norm(&gpu, &k, &dm, Some(bias.ptr()), &mut acts, &out)
+                    .unwrap();
+                gpu.sync().unwrap();
+                let mut v = vec![0f32; 2 * rows];
+                gpu.read(&residual, 0, &mut v[..rows]).unwrap();
+                gpu.read(&normed, 0, &mut v[rows..]).unwrap();
+                bits_of(&v)
+            };
+            let (want, got) = (run(true), run(false));
+            assert_ne!(
+                want[..rows],
+                bits_of(&res0)[..],
+                "{what}: the residual unchanged"
+            );
+            assert_eq!(got, want, "{what}: quantized in its blocks");
+        }
+    }
+}
+
+fn bits_of(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|f| f.to_bits()).collect()
 }
 
 #[test]
