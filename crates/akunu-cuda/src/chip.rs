@@ -45,6 +45,8 @@ pub struct ChipConfig {
     /// block cluster, Hopper and later) that share a 32-row group of that product when there
     /// are too few groups to fill the GPU, up to 4; 0 keeps the norms apart.
     pub gemv_norm: usize,
+    /// The smallest matrix whose `gemv_norm` product may share its groups over clusters.
+    pub gemv_norm_split_bytes: usize,
     /// Where `gemv_norm` folds a norm into a product whose input is f32 (the FFN's down
     /// projection), each block of that product quantizes the input values it reads itself, so
     /// no quantize launch precedes it, if they are at most this many; 0: never.
@@ -146,6 +148,7 @@ impl ChipConfig {
             gemv_max_m: env_override("gemv_max_m", crate::matmul::MAX_M)
                 .clamp(1, crate::matmul::MAX_M),
             gemv_norm: env_override("gemv_norm", 2).min(if major >= 9 { 4 } else { 1 }),
+            gemv_norm_split_bytes: env_override("gemv_norm_split_bytes", 2 << 20),
             gemv_norm_quant: env_override("gemv_norm_quant", 16384),
             dependent_launch: major >= 9 && env_override("dependent_launch", 1) != 0,
             rope_in_attention_from: env_override("rope_in_attention_from", 128),

@@ -1018,9 +1018,6 @@ pub struct ResidualNorm {
 /// `kernels/gemv.cu`).
 const MAX_NORM_SPLIT: usize = 4;
 
-/// The smallest matrix whose [`gemv_residual_norm`] may run on clusters.
-const NORM_SPLIT_MIN_BYTES: usize = 2 << 20;
-
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 struct NormParams {
@@ -1048,15 +1045,16 @@ fn norm_quant_smem(cols: usize) -> usize {
 /// `gemv_m1_norm_split`), given whether the cluster kernel exists. A block per group, warps of
 /// M1_ROWS rows; with too few groups to fill the GPU, a cluster of blocks per group splits the
 /// rows' columns (a chunk per lane at least), if the matrix is large enough to repay the
-/// cluster: measured, qwen3-0.6b's products of 1.2 and 1.8 MB lost 2 % split, llama3.2-1b's of
-/// 2.4 and 9.4 MB gained 1.3 % and 5 % (docs/perf/2026-11-22-residual-norm-products.md).
+/// cluster (the chip config's `gemv_norm_split_bytes`): measured, qwen3-0.6b's products of 1.2
+/// and 1.8 MB lost 2 % split, llama3.2-1b's of 2.4 and 9.4 MB gained 1.3 % and 5 %
+/// (docs/perf/2026-11-22-residual-norm-products.md).
 fn norm_split(gpu: &Gpu, k: &MatmulKernels, w: &DeviceMatrix, clusters: bool) -> usize {
     let nr = rows_per_warp(w.ty, 1);
     let chunks = w.cols / chunk_values(w.ty);
     let most = gpu.chip.gemv_norm.min(MAX_NORM_SPLIT);
     let mut ks = 1;
     while clusters
-        && w.device_bytes() >= NORM_SPLIT_MIN_BYTES
+        && w.device_bytes() >= gpu.chip.gemv_norm_split_bytes
         && 2 * ks <= most
         && w.rows / nr * ks < k.fill_warps
         && chunks >= 32 * 2 * ks
