@@ -1209,7 +1209,11 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
     __syncthreads();
     const bool partial = n_split > 1;
     constexpr int C2 = DV / 2;
-    for (int i = tid; i < BM * C2; i += THREADS) {
+    // Only up to the last real row: past it (14 of 16 rows at GQA 2) each pass would cost a
+    // shared-memory load and a branch on the launch's critical path. A multiple of 32 passes
+    // when store_act quantizes (DV a multiple of 64), so its warps stay whole.
+    const int live = 32 - __clz(__ballot_sync(0xffffffffu, lane < BM && row_tok[lane] >= 0));
+    for (int i = tid; i < live * C2; i += THREADS) {
         const int r = i / C2, c = (i % C2) * 2;
         const int t = row_tok[r];
         // Where store_act quantizes (DV a multiple of 64) a warp's pairs lie in one row, so
