@@ -1058,7 +1058,14 @@ fn residual_norm_quantizing_its_input() {
         .iter()
         .enumerate()
     {
-        for (j, &(rows, cols)) in [(1024, 2304), (256, 32768)].iter().enumerate() {
+        // 2080 and 16416 columns (one block per group, clusters): a last unit of four groups
+        // partly past the row, which only 32-value blocks allow.
+        let widths: &[(usize, usize)] = if ty == GgmlType::Q4_K {
+            &[(1024, 2304), (256, 32768)]
+        } else {
+            &[(1024, 2304), (256, 32768), (512, 2080), (256, 16416)]
+        };
+        for (j, &(rows, cols)) in widths.iter().enumerate() {
             let seed = 47_000 + 10 * i as u64 + j as u64;
             let what = format!("residual norm {ty} {rows}x{cols}");
             let (bytes, _) = quantized(ty, rows, cols, seed);
