@@ -1121,7 +1121,6 @@ __device__ __forceinline__ void gemv_norm(const NormParams& Q) {
     const int ks = KS == 1 ? 1 : P.ksplit;
     const int row0 = group * 32;
     const GemvPart& p = P.part[0];
-    const Acts x = acts_of(P);
     QMatrix mats[M1_ROWS];
     int rows[M1_ROWS];
 #pragma unroll
@@ -1140,8 +1139,8 @@ __device__ __forceinline__ void gemv_norm(const NormParams& Q) {
                                  P.early, acc, scale, ready);
 #endif
     } else {
-        row_dots<1, M1_ROWS, KS>(mats, rows, x, 1, 32 * share + lane, 32 * ks, P.early, acc,
-                                 scale);
+        row_dots<1, M1_ROWS, KS>(mats, rows, acts_of(P), 1, 32 * share + lane, 32 * ks, P.early,
+                                 acc, scale);
     }
     // The finishing warp's loads go out before the barrier.
     const bool finisher = share == 0 && warp == 0;

@@ -939,12 +939,18 @@ fn residual_norm_product_matches_reference() {
                 gpu.read(&normed, 0, &mut got_normed).unwrap();
                 assert_eq!(got_normed, scaled, "{what}: residual · weight");
                 if ty.is_quantized() && k.norms_quantize_inputs() {
+                    let case = NormCase {
+                        w: &dm,
+                        x: &xb,
+                        res0: &res0,
+                        weight: &weight,
+                        eps,
+                        bias: bias_dev.as_ref().map(|b| b.ptr()),
+                    };
                     quantized_in_blocks_gives_same_bits(
                         &gpu,
                         k,
-                        &dm,
-                        bias_dev.as_ref().map(|b| b.ptr()),
-                        (&xb, &res0, &weight, eps),
+                        &case,
                         (&got_res, &got_normed),
                         (&parts[0].0, &parts[0].2),
                         &what,
@@ -993,52 +999,90 @@ fn residual_norm_product_matches_reference() {
     }
 }
 
-/// `gemv_residual_norm` of the same case with its input left unquantized, so that its blocks
+/// The input of one `gemv_residual_norm` case: the one-row f32 input, the residual before,
+/// the next norm's weights and epsilon, and the bias.
+struct NormCase<'a> {
+    w: &'a DeviceMatrix,
+    x: &'a DeviceBuffer,
+    res0: &'a [f32],
+    weight: &'a DeviceBuffer,
+    eps: f32,
+    bias: Option<u64>,
+}
+
+/// What one run of a `NormCase` left: the residual and `residual · weight` as bits, that f32
+/// output on the device and the scratch holding it as the next input.
+struct NormRun {
+    residual: Vec<u32>,
+    normed_bits: Vec<u32>,
+    normed: DeviceBuffer,
+    acts: ActScratch,
+}
+
+/// Runs `c` on a fresh residual and scratch, its input quantized by a launch first
+/// (`quantize_first`) or left to the product's blocks.
+fn run_norm_case(gpu: &Arc<Gpu>, k: &MatmulKernels, c: &NormCase, quantize_first: bool) -> NormRun {
+    let (rows, cols) = (c.w.rows(), c.w.cols());
+    let residual = gpu.upload(c.res0).unwrap();
+    let normed = poisoned(gpu, 0, rows);
+    let mut acts = ActScratch::new(gpu, 1, cols.max(rows)).unwrap();
+    if quantize_first {
+        acts.prepare(gpu, k, c.x.ptr(), cols, 1, cols).unwrap();
+    } else {
+        acts.prepare_unquantized(gpu, c.x.ptr(), cols, 1, cols)
+            .unwrap();
+    }
+    let out = matmul::ResidualNorm {
+        residual: residual.ptr(),
+        weight: c.weight.ptr(),
+        eps: c.eps,
+        normed: normed.ptr(),
+    };
+    matmul::gemv_residual_norm(gpu, k, c.w, c.bias, &mut acts, &out).unwrap();
+    gpu.sync().unwrap();
+    NormRun {
+        residual: read_bits(gpu, &residual, rows),
+        normed_bits: read_bits(gpu, &normed, rows),
+        normed,
+        acts,
+    }
+}
+
+fn read_bits(gpu: &Gpu, b: &DeviceBuffer, n: usize) -> Vec<u32> {
+    let mut v = vec![0f32; n];
+    gpu.read(b, 0, &mut v).unwrap();
+    bits_of(&v)
+}
+
+/// `gemv_residual_norm` of case `c` with its input left unquantized, so that its blocks
 /// quantize it: the residual, `residual · weight` and a product of the input it prepares have
 /// the bits of the run after a quantize launch (`want_*`, `product` and its output `want_y`).
-#[allow(clippy::too_many_arguments)]
 fn quantized_in_blocks_gives_same_bits(
     gpu: &Arc<Gpu>,
     k: &MatmulKernels,
-    w: &DeviceMatrix,
-    bias: Option<u64>,
-    (x, res0, weight, eps): (&DeviceBuffer, &[f32], &DeviceBuffer, f32),
+    c: &NormCase,
     (want_res, want_normed): (&[f32], &[f32]),
     (product, want_y): (&DeviceMatrix, &DeviceBuffer),
     what: &str,
 ) {
-    let (rows, cols) = (w.rows(), w.cols());
-    let residual = gpu.upload(res0).unwrap();
-    let normed = poisoned(gpu, 0, rows);
-    let mut acts = ActScratch::new(gpu, 1, cols.max(rows)).unwrap();
-    acts.prepare_unquantized(gpu, x.ptr(), cols, 1, cols)
+    let rows = c.w.rows();
+    let mut run = run_norm_case(gpu, k, c, false);
+    run.acts
+        .prepare(gpu, k, run.normed.ptr(), rows, 1, rows)
         .unwrap();
-    let out = matmul::ResidualNorm {
-        residual: residual.ptr(),
-        weight: weight.ptr(),
-        eps,
-        normed: normed.ptr(),
-    };
-    matmul::gemv_residual_norm(gpu, k, w, bias, &mut acts, &out).unwrap();
-    acts.prepare(gpu, k, normed.ptr(), rows, 1, rows).unwrap();
     let y = poisoned(gpu, 1, product.rows());
-    matmul::gemv(gpu, k, product, &acts, 1, y.ptr(), product.rows(), None).unwrap();
+    matmul::gemv(gpu, k, product, &run.acts, 1, y.ptr(), product.rows(), None).unwrap();
     gpu.sync().unwrap();
-    let read = |b: &DeviceBuffer, n: usize| {
-        let mut v = vec![0f32; n];
-        gpu.read(b, 0, &mut v).unwrap();
-        bits_of(&v)
-    };
     let what = format!("{what}, quantized in its blocks");
-    assert_eq!(read(&residual, rows), bits_of(want_res), "{what}: residual");
+    assert_eq!(run.residual, bits_of(want_res), "{what}: residual");
     assert_eq!(
-        read(&normed, rows),
+        run.normed_bits,
         bits_of(want_normed),
         "{what}: residual · weight"
     );
     assert_eq!(
-        read(&y, product.rows()),
-        read(want_y, product.rows()),
+        read_bits(gpu, &y, product.rows()),
+        read_bits(gpu, want_y, product.rows()),
         "{what}: a product of its output"
     );
 }
@@ -1074,37 +1118,29 @@ fn residual_norm_quantizing_its_input() {
             let res0 = random(rows, 2.0, seed + 2);
             let weight = gpu.upload(&random(rows, 0.5, seed + 3)).unwrap();
             let bias = gpu.upload(&random(rows, 0.5, seed + 4)).unwrap();
-            let run = |quantize_first: bool| {
-                let residual = gpu.upload(&res0).unwrap();
-                let normed = poisoned(&gpu, 0, rows);
-                let mut acts = ActScratch::new(&gpu, 1, cols).unwrap();
-                if quantize_first {
-                    acts.prepare(&gpu, &k, xb.ptr(), cols, 1, cols).unwrap();
-                } else {
-                    acts.prepare_unquantized(&gpu, xb.ptr(), cols, 1, cols)
-                        .unwrap();
-                }
-                let out = matmul::ResidualNorm {
-                    residual: residual.ptr(),
-                    weight: weight.ptr(),
-                    eps: 1e-5,
-                    normed: normed.ptr(),
-                };
-                matmul::gemv_residual_norm(&gpu, &k, &dm, Some(bias.ptr()), &mut acts, &out)
-                    .unwrap();
-                gpu.sync().unwrap();
-                let mut v = vec![0f32; 2 * rows];
-                gpu.read(&residual, 0, &mut v[..rows]).unwrap();
-                gpu.read(&normed, 0, &mut v[rows..]).unwrap();
-                bits_of(&v)
+            let case = NormCase {
+                w: &dm,
+                x: &xb,
+                res0: &res0,
+                weight: &weight,
+                eps: 1e-5,
+                bias: Some(bias.ptr()),
             };
-            let (want, got) = (run(true), run(false));
+            let want = run_norm_case(&gpu, &k, &case, true);
+            let got = run_norm_case(&gpu, &k, &case, false);
             assert_ne!(
-                want[..rows],
-                bits_of(&res0)[..],
+                want.residual,
+                bits_of(&res0),
                 "{what}: the residual unchanged"
             );
-            assert_eq!(got, want, "{what}: quantized in its blocks");
+            assert_eq!(
+                got.residual, want.residual,
+                "{what}: quantized in its blocks"
+            );
+            assert_eq!(
+                got.normed_bits, want.normed_bits,
+                "{what}: quantized in its blocks, residual · weight"
+            );
         }
     }
 }
