@@ -599,6 +599,11 @@ __device__ __forceinline__ void sync_threads() {
     if constexpr (BAR == 0) __syncthreads();
     else asm volatile("bar.sync %0, %1;\n" ::"n"(BAR), "n"(THREADS) : "memory");
 }
+// This thread's arrival at named barrier BAR (of THREADS threads), without waiting for it.
+template <int THREADS, int BAR>
+__device__ __forceinline__ void arrive_threads() {
+    asm volatile("bar.arrive %0, %1;\n" ::"n"(BAR), "n"(THREADS) : "memory");
+}
 
 // After every thread stored this split's partial rows: the last of the tile's n_split splits to
 // get here merges their rows into the output and re-arms the tile's counter (for the next
@@ -780,14 +785,31 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
 //   masking and online softmax while the tensor cores work on P_{j-1} V_{j-1}; then it waits
 //   for that, rescales O and packs P_j. K_j is released after S_j, V_j a step later: two rings
 //   let the producer run two steps ahead on both.
-// No block-wide barrier in the loop, so the consumers drift apart and overlap each other's
-// softmax with their products. The producer gives its registers to the consumers (setmaxnreg).
+// The consumers take turns to issue their products (FA3's ping-pong: named barriers
+// WG_TURN + w, "warpgroup w may issue"), so one warpgroup's softmax runs while the tensor cores
+// work on the other's products. ptxas moves the wait for P_{j-1} V_{j-1} above the softmax
+// (the SASS shows it), so a warpgroup cannot hide its softmax behind its own products; without
+// turns both warpgroups wait for the same K tile, issue together and then both leave the tensor
+// cores idle during their softmax. No block-wide barrier in the loop. The producer gives its
+// registers to the consumers (setmaxnreg).
 // Grid and tile list as flash_prefill (128 rows a tile).
 constexpr int WG_BN = 128;
 constexpr int WG_STAGES = 3;
 constexpr int WG_PRODUCER_REGS = 40, WG_CONSUMER_REGS = 232;
 // Threads: the producer warpgroup, then the two consumer warpgroups.
 constexpr int WG_PRODUCERS = 128, WG_CONSUMERS = 256, WG_THREADS = WG_PRODUCERS + WG_CONSUMERS;
+// Named barriers of the consumers' turns (barrier 1 is the consumers' own).
+constexpr int WG_TURN = 2;
+
+// Consumer warpgroup cw waits for its turn to issue, or hands the turn to the other one.
+__device__ __forceinline__ void wg_take_turn(int cw) {
+    if (cw == 0) sync_threads<WG_CONSUMERS, WG_TURN>();
+    else sync_threads<WG_CONSUMERS, WG_TURN + 1>();
+}
+__device__ __forceinline__ void wg_pass_turn(int cw) {
+    if (cw == 0) arrive_threads<WG_CONSUMERS, WG_TURN + 1>();
+    else arrive_threads<WG_CONSUMERS, WG_TURN>();
+}
 
 template <int N>
 __device__ __forceinline__ void wg_qk(float (&d)[N / 8][4], u64 da, u64 db, int accumulate) {
@@ -871,6 +893,9 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
         cp_async_wait_all();
         fence_async_shared();
         sync_threads<WG_CONSUMERS, 1>();
+        // Warpgroup 0 issues first. Each warpgroup passes the turn after issuing at every
+        // step, but warpgroup 1 not after its last: every arrival then meets a wait.
+        if (cw == 1) wg_pass_turn(cw);
 
         WarpState st[1];
         st[0].init();
@@ -881,6 +906,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
             // cp.async writes through the generic proxy, wgmma reads through the async one.
             mbar_wait(bar(full, 0, j), ring_parity(j));
             fence_async_shared();
+            wg_take_turn(cw);
             const u32 ks = k_tile(j);
             float s[1][BN_ / 8][4];
             wgmma_fence();
@@ -891,13 +917,19 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
                            wgmma_desc(ks + col * BN_ * 128 + within, 16, 1024), kk > 0);
             }
             wgmma_commit();
+            // The turn passes before the waits. ptxas keeps the wgmmas pipelined only while each
+            // wait sits in the branch that issued the group (a wait after the branches join
+            // serialises every wgmma of the kernel).
+            const bool pass = cw == 0 || j + 1 < steps;
             if (j > 0) {
                 mbar_wait(bar(full, 1, j - 1), ring_parity(j - 1));
                 fence_async_shared();
                 wg_issue_pv<BN_>(st[0], a, v_tile(j - 1));
                 wgmma_commit();
+                if (pass) wg_pass_turn(cw);
                 wgmma_wait<1>();
             } else {
+                if (pass) wg_pass_turn(cw);
                 wgmma_wait<0>();
             }
             wgmma_fence_regs(s[0]);
