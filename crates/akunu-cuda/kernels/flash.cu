@@ -86,9 +86,17 @@ constexpr int DEC_KEYS = 16;
 constexpr int DEC_STAGES = 3;
 
 
+// A CUDA tensor map (CUtensorMap): 128 opaque bytes, aligned as CUDA 13 aligns them.
+struct alignas(128) TensorMap {
+    u64 bits[16];
+};
+
 // Kernel parameters, passed by value; the host mirrors this layout (`FlashParams` in
-// src/flash.rs): 8-byte fields first, then 4-byte ones.
+// src/flash.rs): the tensor maps, 8-byte fields, then 4-byte ones.
 struct FlashParams {
+    // K and V caches as tensors (head dim, position, KV head, sequence) for wgmma prefill's
+    // tensor copies, boxes of 64 elements by WG_BN keys; valid where `tma` is set.
+    TensorMap tma_k, tma_v;
     const void* q;
     const u16* k;
     const u16* v;
@@ -128,7 +136,7 @@ struct FlashParams {
     u32 n_split, debug_tiles;
     u32 n_rot, neox;
     float eps;
-    u32 pad;
+    u32 tma;
 };
 
 // Byte offset of 16-byte chunk c of row r in a tile of `row_bytes` rows: chunks XOR-swizzled by
@@ -777,8 +785,10 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
 
 #if defined(AKUNU_WGMMA) && (HEAD_DIM == 64 || HEAD_DIM == 128) && HEAD_DIM_V == HEAD_DIM && !defined(FLASH_DEBUG)
 // Prefill on Hopper's warpgroup MMA (sm_90a, head sizes 64 and 128), warp-specialised:
-// - a producer warpgroup streams WG_BN-key tiles of K and of V with cp.async into two rings of
-//   WG_STAGES stages in wgmma's swizzled layout; each stage has a "full" mbarrier (the copies
+// - a producer warpgroup streams WG_BN-key tiles of K and of V into two rings of WG_STAGES
+//   stages in wgmma's swizzled layout, by tensor copies (one thread issues a tile; the host
+//   passes tensor maps of the caches) or, for a slice's partial last tile and where the host
+//   has no maps, by cp.async from every thread; each stage has a "full" mbarrier (the copies
 //   landed) and an "empty" one (the consumers are done with it);
 // - two consumer warpgroups of 64 rows each. Step j issues S_j = Q K_j^T and then
 //   O += P_{j-1} V_{j-1} (P from registers), waits for S_j only and runs flash_prefill's
@@ -832,7 +842,34 @@ __device__ __forceinline__ void wg_issue_pv(WarpState& st, const u32 (&a)[BN_ / 
 // The phase parity of step j's use of its ring slot (its (j / WG_STAGES)-th use).
 __device__ __forceinline__ u32 ring_parity(int j) { return (u32)(j / WG_STAGES) & 1; }
 
-extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(const FlashParams p) {
+// Step j's tiles are whole (WG_BN keys before the slice's end): with tensor maps the producer
+// then copies them by the tensor memory accelerator, else (and for a slice's last, partial
+// tile, whose rows past the end must read as zeros) with cp.async.
+__device__ __forceinline__ bool wg_by_tma(const FlashParams& p, u32 k0, u32 ke) { return p.tma && ke - k0 >= WG_BN; }
+
+// The producer's copy of one ring's tile of step j (keys k0.., rows `row_bytes` apart in the
+// cache at src) into `tile`, arriving on `full`. A tensor copy is issued by thread 0, which
+// also announces its bytes; the others only arrive, so either way the phase counts
+// WG_PRODUCERS arrivals.
+template <int CH, u32 ROW>
+__device__ __forceinline__ void wg_load_tile(const FlashParams& p, const TensorMap& map, u32 tile, const u16* src,
+                                             long long stride, u32 k0, u32 ke, u32 g, u32 seq, u32 full, int tid) {
+    if (wg_by_tma(p, k0, ke)) {
+        if (tid == 0) {
+            mbar_arrive_expect_tx(full, WG_BN * ROW);
+#pragma unroll
+            for (int col = 0; col < CH / 8; ++col)
+                tma_load_4d(tile + col * WG_BN * 128, &map, col * 64, (int)k0, (int)g, (int)seq, full);
+        } else {
+            mbar_arrive(full);
+        }
+    } else {
+        load_rows<WG_PRODUCERS, WG_BN, CH, ROW, true>(tile, src + k0 * stride, stride, ke - k0, tid);
+        mbar_arrive_cp_async(full);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(const __grid_constant__ FlashParams p) {
     pdl_begin();
     constexpr int BM = 128, BN_ = WG_BN;
     constexpr u32 Q_BYTES = BM * QROW, K_BYTES = BN_ * KROW, V_BYTES = BN_ * VROW;
@@ -862,7 +899,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
 
     if (wg == 0) {
         // Producer: K_j and V_j into their rings once the consumers released the tiles of step
-        // j - WG_STAGES; each thread's copies arrive on the stage's full barrier as they land.
+        // j - WG_STAGES (wg_load_tile).
         regs_lower<WG_PRODUCER_REGS>();
         const u32 g = blockIdx.y % p.n_head_kv;
         const u16* kg = p.k + seq * p.k_seq + g * p.k_head;
@@ -871,11 +908,9 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
         for (int j = 0; j < steps; ++j) {
             const u32 k0 = kb + j * BN_;
             if (j >= WG_STAGES) mbar_wait(bar(empty, 0, j), ring_parity(j) ^ 1);
-            load_rows<WG_PRODUCERS, BN_, D / 8, KROW, true>(k_tile(j), kg + k0 * p.k_pos, p.k_pos, ke - k0, tid);
-            mbar_arrive_cp_async(bar(full, 0, j));
+            wg_load_tile<D / 8, KROW>(p, p.tma_k, k_tile(j), kg, p.k_pos, k0, ke, g, seq, bar(full, 0, j), tid);
             if (j >= WG_STAGES) mbar_wait(bar(empty, 1, j), ring_parity(j) ^ 1);
-            load_rows<WG_PRODUCERS, BN_, DV / 8, VROW, true>(v_tile(j), vg + k0 * p.v_pos, p.v_pos, ke - k0, tid);
-            mbar_arrive_cp_async(bar(full, 1, j));
+            wg_load_tile<DV / 8, VROW>(p, p.tma_v, v_tile(j), vg, p.v_pos, k0, ke, g, seq, bar(full, 1, j), tid);
         }
         cp_async_wait_all();
     } else {
@@ -903,9 +938,11 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
         const u32 q_at = base + cw * 64 * 128;
         u32 a[BN_ / 16][4];
         for (int j = 0; j < steps; ++j) {
-            // cp.async writes through the generic proxy, wgmma reads through the async one.
+            // cp.async writes through the generic proxy, wgmma reads through the async one
+            // (as tensor copies write).
+            const bool by_tma = wg_by_tma(p, kb + j * BN_, ke);
             mbar_wait(bar(full, 0, j), ring_parity(j));
-            fence_async_shared();
+            if (!by_tma) fence_async_shared();
             wg_take_turn(cw);
             const u32 ks = k_tile(j);
             float s[1][BN_ / 8][4];
@@ -923,7 +960,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
             const bool pass = cw == 0 || j + 1 < steps;
             if (j > 0) {
                 mbar_wait(bar(full, 1, j - 1), ring_parity(j - 1));
-                fence_async_shared();
+                if (!wg_by_tma(p, kb + (j - 1) * BN_, ke)) fence_async_shared();
                 wg_issue_pv<BN_>(st[0], a, v_tile(j - 1));
                 wgmma_commit();
                 if (pass) wg_pass_turn(cw);
@@ -947,7 +984,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
         }
         if (steps > 0) {
             mbar_wait(bar(full, 1, steps - 1), ring_parity(steps - 1));
-            fence_async_shared();
+            if (!wg_by_tma(p, kb + (steps - 1) * BN_, ke)) fence_async_shared();
             wgmma_fence();
             wg_issue_pv<BN_>(st[0], a, v_tile(steps - 1));
             wgmma_commit();

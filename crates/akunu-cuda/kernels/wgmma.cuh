@@ -68,6 +68,25 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
             : "memory");
 }
 
+// Arrives on the barrier and adds `bytes` to the bytes its phase waits for (tensor copies).
+__device__ __forceinline__ void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(bar),
+                 "r"(bytes)
+                 : "memory");
+}
+
+// A box of a 4-dimensional tensor at coordinates (c0 innermost .. c3) into shared memory at
+// dst by the tensor memory accelerator, described by the tensor map at `map` (a kernel
+// parameter declared __grid_constant__); its bytes count against the barrier's phase as they
+// land. The map's swizzle lays the box out as the wgmma operands expect.
+__device__ __forceinline__ void tma_load_4d(u32 dst, const void* map, int c0, int c1, int c2, int c3, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+        "%5}], [%6];\n" ::"r"(dst),
+        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+        : "memory");
+}
+
 // A warpgroup's register budget, raised or lowered (the kernel needs __launch_bounds__(n, 1)).
 template <int N>
 __device__ __forceinline__ void regs_raise() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }

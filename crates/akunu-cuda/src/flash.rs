@@ -28,7 +28,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::gpu::{DeviceBuffer, Gpu, Kernel};
+use crate::gpu::{DeviceBuffer, Gpu, Kernel, TensorMap};
 use crate::CudaError;
 
 /// Largest split count.
@@ -303,10 +303,13 @@ impl FlashScratch {
     }
 }
 
-/// The kernel's parameter block; mirrors `FlashParams` in flash.cu field for field.
+/// The kernel's parameter block; mirrors `FlashParams` in flash.cu field for field (`tail`
+/// is the padding C++ adds to its tensor maps' alignment).
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 struct FlashParams {
+    tma_k: TensorMap,
+    tma_v: TensorMap,
     q: u64,
     k: u64,
     v: u64,
@@ -354,7 +357,8 @@ struct FlashParams {
     n_rot: u32,
     neox: u32,
     eps: f32,
-    pad: u32,
+    tma: u32,
+    tail: [u32; 14],
 }
 
 /// Whether queries run on the decode kernel: one token per tile, a token's query heads of one
@@ -469,6 +473,37 @@ impl FlashKernels {
 
     /// Byte offsets (past the counters) of the partial log-sum-exps and the partial rows, and
     /// the total; the tile list comes first.
+    /// Tensor maps of the K and V caches for `flash_prefill_wg`'s tensor copies: each cache as
+    /// a tensor (head dim, position, KV head, sequence), copied in boxes of 64 elements by
+    /// `WG_KEYS` positions. None where the layout rules them out (a base or a stride that is
+    /// not a multiple of 16 bytes, or a zero stride): the kernel then copies with cp.async.
+    fn cache_maps(
+        &self,
+        gpu: &Gpu,
+        a: &FlashArgs,
+    ) -> Result<Option<(TensorMap, TensorMap)>, CudaError> {
+        // Sequence indices come from the device (`q_seq`), as the other kernels read them; the
+        // map spans every index a 32-bit coordinate can name.
+        const SEQUENCES: u64 = 1 << 31;
+        let map = |base: u64, d: usize, stride: [usize; 3]| {
+            let bytes = stride.map(|s| s as u64 * 2);
+            if !base.is_multiple_of(16)
+                || bytes
+                    .iter()
+                    .any(|&b| b == 0 || !b.is_multiple_of(16) || b >= 1 << 40)
+            {
+                return Ok(None);
+            }
+            let dims = [d as u64, a.n_ctx as u64, a.n_head_kv as u64, SEQUENCES];
+            let boxes = [64, WG_KEYS as u32, 1, 1];
+            gpu.tensor_map_u16(base, dims, [bytes[2], bytes[1], bytes[0]], boxes)
+                .map(Some)
+        };
+        let k = map(a.k, self.cfg.head_dim, a.k_stride)?;
+        let v = map(a.v, self.cfg.head_dim_v, a.v_stride)?;
+        Ok(k.zip(v))
+    }
+
     fn layout(&self, a: &FlashArgs, l: &Launch) -> (usize, usize, usize) {
         let tiles = (l.tiles.len() * 4).next_multiple_of(256);
         let rows = a.n_tokens * a.n_head;
@@ -714,6 +749,10 @@ impl FlashKernels {
             gpu.write(&scratch.buf, COUNTER_BYTES, &l.tiles)?;
         }
         let split = l.splits > 1;
+        let maps = match (l.decode, &self.prefill_wg) {
+            (false, Some(_)) => self.cache_maps(gpu, a)?,
+            _ => None,
+        };
         let p = FlashParams {
             q: a.q,
             k: a.k,
@@ -764,7 +803,10 @@ impl FlashKernels {
             n_rot: a.rope.map_or(0, |r| r.n_rot as u32),
             neox: a.rope.map_or(0, |r| u32::from(r.neox)),
             eps: a.rope.map_or(0.0, |r| r.eps),
-            pad: 0,
+            tma: u32::from(maps.is_some()),
+            tail: [0; 14],
+            tma_k: maps.map_or(TensorMap::zeroed(), |m| m.0),
+            tma_v: maps.map_or(TensorMap::zeroed(), |m| m.1),
         };
         let (kernel, threads, smem) = match (l.decode, &self.prefill_wg) {
             (true, _) => (&self.decode, THREADS, self.cfg.smem(true)),

@@ -10,6 +10,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use bytemuck::{Pod, Zeroable};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 
 use crate::chip::ChipConfig;
@@ -123,7 +124,51 @@ pub struct Gpu {
     dependent: AtomicBool,
 }
 
+/// A CUDA tensor map (`CUtensorMap`), as a kernel parameter receives it: 128 opaque bytes
+/// that describe a tensor in global memory to the tensor memory accelerator (Hopper and later),
+/// aligned as CUDA 13 aligns them.
+#[repr(C, align(128))]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub struct TensorMap(pub [u64; 16]);
+
 impl Gpu {
+    /// The tensor map of a 4-dimensional tensor of 2-byte elements at `base`: `dims` elements
+    /// per dimension (innermost first, contiguous), `strides` bytes between consecutive indices
+    /// of the three outer ones, copied in boxes of `boxes` elements laid out with the 128-byte
+    /// swizzle of the wgmma operands (so `boxes[0]` is at most 64). Rows past a dimension's end
+    /// read as zeros.
+    pub fn tensor_map_u16(
+        &self,
+        base: u64,
+        dims: [u64; 4],
+        strides: [u64; 3],
+        boxes: [u32; 4],
+    ) -> Result<TensorMap, CudaError> {
+        let mut map = sys::CUtensorMap { opaque: [0; 16] };
+        let unit = [1u32; 4];
+        // SAFETY: the map is aligned as the driver requires and the arrays hold the rank's entries; the
+        // driver only encodes them (no memory at `base` is touched here).
+        let r = unsafe {
+            sys::cuTensorMapEncodeTiled(
+                &mut map,
+                sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+                4,
+                base as *mut c_void,
+                dims.as_ptr(),
+                strides.as_ptr(),
+                boxes.as_ptr(),
+                unit.as_ptr(),
+                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        };
+        r.result()
+            .map_err(|e| CudaError::driver("encoding a tensor map", e))?;
+        Ok(TensorMap(map.opaque))
+    }
+
     /// Opens GPU `ordinal`. Fails cleanly (no panic) when the driver, NVRTC or the device is
     /// missing.
     pub fn open(ordinal: usize) -> Result<Arc<Gpu>, CudaError> {

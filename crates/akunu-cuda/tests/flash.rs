@@ -36,6 +36,9 @@ struct Case {
     /// Tokens whose segment matches no key: their rows must come out as zeros.
     masked_rows: bool,
     per_token: bool,
+    /// Every KV head reads the same K and V rows (a head stride of zero), which rules out the
+    /// tensor copies of wgmma prefill: its whole tiles then load with cp.async too.
+    shared_kv_heads: bool,
 }
 
 impl Case {
@@ -54,6 +57,7 @@ impl Case {
             tree: false,
             masked_rows: false,
             per_token: false,
+            shared_kv_heads: false,
         }
     }
 }
@@ -95,8 +99,20 @@ fn problem(c: &Case, dtype: FlashDtype, seed: u64) -> Problem {
             .collect()
     };
     let q = vals(n_tokens * c.n_head * c.d, &mut rng);
-    let k = vals(n_seq * c.n_kv * n_ctx * c.d, &mut rng);
-    let v = vals(n_seq * c.n_kv * n_ctx * c.dv, &mut rng);
+    let mut k = vals(n_seq * c.n_kv * n_ctx * c.d, &mut rng);
+    let mut v = vals(n_seq * c.n_kv * n_ctx * c.dv, &mut rng);
+    if c.shared_kv_heads {
+        // What the kernels read through a zero head stride: head 0's rows for every head.
+        for (x, d) in [(&mut k, c.d), (&mut v, c.dv)] {
+            let head = n_ctx * d;
+            for s in 0..n_seq {
+                let seq = s * c.n_kv * head;
+                for h in 1..c.n_kv {
+                    x.copy_within(seq..seq + head, seq + h * head);
+                }
+            }
+        }
+    }
     let (mut q_pos, mut q_seq) = (Vec::new(), Vec::new());
     for s in 0..n_seq {
         for i in 0..c.tokens[s] {
@@ -182,7 +198,7 @@ struct Uploaded {
     args: FlashArgs,
 }
 
-fn upload(gpu: &Gpu, p: &Problem, cfg: &FlashConfig) -> Uploaded {
+fn upload(gpu: &Gpu, p: &Problem, cfg: &FlashConfig, shared_kv_heads: bool) -> Uploaded {
     let q = if cfg.q_f32 {
         gpu.upload(&p.q).unwrap()
     } else {
@@ -224,8 +240,16 @@ fn upload(gpu: &Gpu, p: &Problem, cfg: &FlashConfig) -> Uploaded {
         n_head_kv: p.n_head_kv,
         n_ctx: n,
         q_stride: [p.n_head * d, d],
-        k_stride: [p.n_head_kv * n * d, n * d, d],
-        v_stride: [p.n_head_kv * n * dv, n * dv, dv],
+        k_stride: [
+            p.n_head_kv * n * d,
+            if shared_kv_heads { 0 } else { n * d },
+            d,
+        ],
+        v_stride: [
+            p.n_head_kv * n * dv,
+            if shared_kv_heads { 0 } else { n * dv },
+            dv,
+        ],
         out_stride: [p.n_head * dv, dv],
         q_pos: bufs[3].ptr(),
         q_seq: bufs[4].ptr(),
@@ -283,7 +307,7 @@ fn check(gpu: &Arc<Gpu>, k: &FlashKernels, c: &Case, seed: u64) {
     let p = problem(c, cfg.dtype, seed);
     p.check().unwrap();
     let (want, want_lse) = reference_f64(&p);
-    let u = upload(gpu, &p, &cfg);
+    let u = upload(gpu, &p, &cfg, c.shared_kv_heads);
     let runs = runs(&p);
     let q = if c.per_token {
         Queries::PerToken
@@ -632,6 +656,22 @@ fn decode_with_rope_and_kv_store_fused() {
 }
 
 #[test]
+fn kv_heads_sharing_one_cache_row() {
+    // Prefill past a whole 128-key step, so wgmma prefill (Hopper) copies whole tiles, here
+    // with cp.async since a zero head stride rules out its tensor maps.
+    let Some(gpu) = common::gpu() else { return };
+    for d in [64, 128] {
+        let k = kernels(&gpu, FlashDtype::Bf16, d, d, false);
+        for causal in [true, false] {
+            let mut c = Case::new(d, 8, 2, &[300, 45], &[0, 200]);
+            c.causal = causal;
+            c.shared_kv_heads = true;
+            check(&gpu, &k, &c, 300 + d as u64 + u64::from(causal));
+        }
+    }
+}
+
+#[test]
 fn windows_softcap_and_odd_head_sizes() {
     let Some(gpu) = common::gpu() else { return };
     let k = kernels(&gpu, FlashDtype::F16, 128, 128, true);
@@ -691,7 +731,7 @@ fn debug_dump_matches_reference_states() {
     c.per_token = true;
     c.softcap = Some(20.0);
     let p = problem(&c, cfg.dtype, 800);
-    let mut u = upload(&gpu, &p, &cfg);
+    let mut u = upload(&gpu, &p, &cfg, false);
     let bn = cfg.keys_per_step(true);
     let steps = 150usize.div_ceil(bn);
     let dbg = gpu
@@ -758,7 +798,7 @@ fn bad_arguments_are_errors() {
     let cfg = *k.config();
     let c = Case::new(128, 4, 2, &[3], &[0]);
     let p = problem(&c, cfg.dtype, 900);
-    let u = upload(&gpu, &p, &cfg);
+    let u = upload(&gpu, &p, &cfg, false);
     let scratch = FlashScratch::new(&gpu, 1 << 16).unwrap();
     let run = |a: &FlashArgs| k.run(&gpu, a, Queries::PerToken, 8, &scratch);
     let mut a = u.args;
