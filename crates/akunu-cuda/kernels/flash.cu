@@ -410,15 +410,39 @@ __device__ __forceinline__ float mask_scores(const FlashParams& p, float (&s)[MT
                 for (int e = 0; e < 4; ++e) s[m][nt][e] = cap_log2 * tanh_accurate(s[m][nt][e] * inv_cap);
         unit = 1.f;
     }
-    if (!whole) {
+    if (!whole && !p.q_seg && !p.tree_mask) {
+        // Key ranges only (causal, window, stored length): a compare and a select per score,
+        // no branches. A row past the tile has the empty range.
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int nt = 0; nt < KN / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const u32 j = k0 + nt * 8 + 2 * (lane & 3) + (e & 1);
+                    const RowMask& r = rm[m][e >> 1];
+                    s[m][nt][e] = j >= r.lo && j < r.hi ? s[m][nt][e] : FLASH_NEG_INF;
+                }
+    } else if (!whole) {
+        // Segments or a tree mask (rare): every score's test in a loop that is not unrolled, so
+        // the hot loop's code stays small. Bit i of `seen` is score i in (m, nt, e) order.
+        constexpr int N = MT * KN / 2;
+        static_assert(N <= 64, "one bit per score of the thread");
+        u64 seen = 0;
+#pragma unroll 1
+        for (int i = 0; i < N; ++i) {
+            const int m = i / (KN / 2), nt = i / 4 % (KN / 8), e = i % 4;
+            const RowMask& r0 = MT > 1 && m > 0 ? rm[MT - 1][0] : rm[0][0];
+            const RowMask& r1 = MT > 1 && m > 0 ? rm[MT - 1][1] : rm[0][1];
+            if (visible(p, e >> 1 ? r1 : r0, seq, k0 + nt * 8 + 2 * (lane & 3) + (e & 1))) seen |= 1ull << i;
+        }
 #pragma unroll
         for (int m = 0; m < MT; ++m)
 #pragma unroll
             for (int nt = 0; nt < KN / 8; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
-                    if (!visible(p, rm[m][e >> 1], seq, k0 + nt * 8 + 2 * (lane & 3) + (e & 1)))
-                        s[m][nt][e] = FLASH_NEG_INF;
+                    if (!((seen >> ((m * (KN / 8) + nt) * 4 + e)) & 1)) s[m][nt][e] = FLASH_NEG_INF;
     }
     return unit;
 }
