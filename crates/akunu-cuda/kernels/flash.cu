@@ -214,14 +214,21 @@ __device__ __forceinline__ bool visible(const FlashParams& p, const RowMask& m, 
     return true;
 }
 
-// The block's tile: its query rows (token and head, -1 past the tile) and the union of their
-// key ranges, in shared memory. Call __syncthreads() before reading them.
+// What a block works on: tile x of the host's list (or token x), head chunk y of `heads`
+// (KV head y % n_head_kv, chunk y / n_head_kv), split z: the launch grid's coordinates.
+struct Work {
+    u32 x, y, z, heads;
+};
+__device__ __forceinline__ Work grid_work() { return Work{blockIdx.x, blockIdx.y, blockIdx.z, gridDim.y}; }
+
+// The tile's query rows (token and head, -1 past the tile) and the union of their key ranges,
+// in shared memory, by THREADS threads (tid from 0). Synchronise them before reading.
 template <int BM, int THREADS>
-__device__ __forceinline__ void tile_rows(const FlashParams& p, u32 t0, u32 ntok, u32 kv_len,
-                                          int* row_tok, int* row_head, u32* range) {
-    const int tid = threadIdx.x, lane = tid & 31;
+__device__ __forceinline__ void tile_rows(const FlashParams& p, const Work& w, u32 t0, u32 ntok, u32 kv_len,
+                                          int* row_tok, int* row_head, u32* range, int tid) {
+    const int lane = tid & 31;
     const u32 group = p.n_head / p.n_head_kv;
-    const u32 g = blockIdx.y % p.n_head_kv, chunk = blockIdx.y / p.n_head_kv;
+    const u32 g = w.y % p.n_head_kv, chunk = w.y / p.n_head_kv;
     const u32 per_token = min(group, (u32)BM), tokens_per_tile = BM / per_token;
     for (int r = tid; r < BM; r += THREADS) {
         const u32 tl = r / per_token, hg = chunk * BM + r % per_token;
@@ -249,13 +256,12 @@ __device__ __forceinline__ void tile_rows(const FlashParams& p, u32 t0, u32 ntok
     }
 }
 
-// This split's slice [kb, ke) of the keys [blo, bhi) cut in n_split, in whole multiples of
+// Split z's slice [kb, ke) of the keys [blo, bhi) cut in n_split, in whole multiples of
 // `gran` keys from blo, so a step never straddles two slices.
-__device__ __forceinline__ void split_slice(u32 n_split, u32 blo, u32 bhi, u32 gran, u32& kb,
-                                            u32& ke) {
+__device__ __forceinline__ void split_slice(u32 n_split, u32 z, u32 blo, u32 bhi, u32 gran, u32& kb, u32& ke) {
     u32 per_split = (bhi - blo + n_split - 1) / n_split;
     per_split = (per_split + gran - 1) / gran * gran;
-    kb = min(bhi, blo + blockIdx.z * per_split);
+    kb = min(bhi, blo + z * per_split);
     ke = min(bhi, kb + per_split);
 }
 
@@ -591,12 +597,12 @@ __device__ __forceinline__ void attend(const FlashParams& p, WarpState (&st)[MT]
 }
 
 // Two finished output values, columns c and c + 1 of row (t, h), with the row's log2-sum-exp
-// (written once per row, by the caller that passes `first`): into the split's partials, or
-// into the output.
-__device__ __forceinline__ void store2(const FlashParams& p, bool partial, int t, int h, int c,
+// (written once per row, by the caller that passes `first`): into split z's partials
+// (`partial`), or into the output.
+__device__ __forceinline__ void store2(const FlashParams& p, bool partial, u32 z, int t, int h, int c,
                                        float x, float y, float lse2, bool first) {
     if (partial) {
-        const u64 row = ((u64)blockIdx.z * p.n_tokens + t) * p.n_head + h;
+        const u64 row = ((u64)z * p.n_tokens + t) * p.n_head + h;
         *(float2*)(p.part_o + row * DV + c) = make_float2(x, y);
         if (first) p.part_lse[row] = lse2;
         return;
@@ -642,10 +648,10 @@ __device__ __forceinline__ void arrive_threads() {
 // launch, a graph replay included). One pass over the splits, rescaling as the maximum grows;
 // UNROLL splits' loads are in flight together (each round is an L2 round trip).
 template <int BM, int THREADS, int BAR = 0, int UNROLL = 8>
-__device__ void merge_splits(const FlashParams& p, u32 n_split, const int* row_tok,
+__device__ void merge_splits(const FlashParams& p, u32 n_split, const Work& w, const int* row_tok,
                              const int* row_head, int tid) {
     __shared__ bool last;
-    const u32 slot = blockIdx.x * gridDim.y + blockIdx.y;
+    const u32 slot = w.x * w.heads + w.y;
     __threadfence();
     sync_threads<THREADS, BAR>();
     if (tid == 0) last = atomicAdd(&p.counters[slot], 1u) == n_split - 1;
@@ -682,8 +688,8 @@ __device__ void merge_splits(const FlashParams& p, u32 n_split, const int* row_t
         const float inv = sum > 0.f ? 1.f / sum : 0.f;
         const float lse2 = sum > 0.f ? mx + __log2f(sum) : FLASH_NEG_INF;
         if (valid) {
-            store2(p, false, t, h, c, acc[0] * inv, acc[1] * inv, lse2, c == 0);
-            store2(p, false, t, h, c + 2, acc[2] * inv, acc[3] * inv, lse2, false);
+            store2(p, false, 0, t, h, c, acc[0] * inv, acc[1] * inv, lse2, c == 0);
+            store2(p, false, 0, t, h, c + 2, acc[2] * inv, acc[3] * inv, lse2, false);
         }
         const float out[4] = {acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv};
         store_act<4>(p, valid, t, h, c, out);
@@ -694,8 +700,9 @@ __device__ void merge_splits(const FlashParams& p, u32 n_split, const int* row_t
 // A prefill warp's finished rows (rows[m][i] of the tile: C-fragment rows lane / 4 and
 // lane / 4 + 8 of its row tiles), normalised, into the output or the split's partials.
 template <int MT>
-__device__ __forceinline__ void store_rows(const FlashParams& p, const WarpState (&st)[MT], const int (&rows)[MT][2],
-                                           const int* row_tok, const int* row_head, int lane) {
+__device__ __forceinline__ void store_rows(const FlashParams& p, u32 z, const WarpState (&st)[MT],
+                                           const int (&rows)[MT][2], const int* row_tok, const int* row_head,
+                                           int lane) {
     const bool partial = p.n_split > 1;
 #pragma unroll
     for (int m = 0; m < MT; ++m)
@@ -708,7 +715,7 @@ __device__ __forceinline__ void store_rows(const FlashParams& p, const WarpState
             const float lse2 = l > 0.f ? st[m].row_max[i] + __log2f(l) : FLASH_NEG_INF;
 #pragma unroll
             for (int dt = 0; dt < DV / 8; ++dt)
-                store2(p, partial, t, row_head[rows[m][i]], dt * 8 + 2 * (lane & 3), st[m].o[dt][2 * i] * inv,
+                store2(p, partial, z, t, row_head[rows[m][i]], dt * 8 + 2 * (lane & 3), st[m].o[dt][2 * i] * inv,
                        st[m].o[dt][2 * i + 1] * inv, lse2, dt == 0 && (lane & 3) == 0);
         }
 }
@@ -718,10 +725,10 @@ __device__ __forceinline__ void store_rows(const FlashParams& p, const WarpState
 struct PrefillTile {
     u32 t0, ntok, seq, kv_len;
 };
-__device__ __forceinline__ PrefillTile prefill_tile(const FlashParams& p) {
+__device__ __forceinline__ PrefillTile prefill_tile(const FlashParams& p, u32 x) {
     PrefillTile t;
-    t.t0 = p.tiles ? p.tiles[2 * blockIdx.x] : blockIdx.x;
-    t.ntok = p.tiles ? p.tiles[2 * blockIdx.x + 1] : 1;
+    t.t0 = p.tiles ? p.tiles[2 * x] : x;
+    t.ntok = p.tiles ? p.tiles[2 * x + 1] : 1;
     t.seq = p.q_seq[t.t0];
     t.kv_len = p.kv_len ? min(p.kv_len[t.seq], p.n_ctx) : p.n_ctx;
     return t;
@@ -741,12 +748,13 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
     const u32 base = smem_addr(smem);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-    const PrefillTile tile = prefill_tile(p);
+    const Work w = grid_work();
+    const PrefillTile tile = prefill_tile(p, w.x);
     const u32 t0 = tile.t0, ntok = tile.ntok, seq = tile.seq, kv_len = tile.kv_len;
-    tile_rows<BM, THREADS>(p, t0, ntok, kv_len, row_tok, row_head, block_range);
+    tile_rows<BM, THREADS>(p, w, t0, ntok, kv_len, row_tok, row_head, block_range, tid);
     __syncthreads();
     u32 kb, ke;
-    split_slice(p.n_split, block_range[0], block_range[1], BN, kb, ke);
+    split_slice(p.n_split, w.z, block_range[0], block_range[1], BN, kb, ke);
     const int steps = (int)((ke - kb + BN - 1) / BN);
     // This thread's rows: C-fragment rows lane / 4 and lane / 4 + 8 of each of the warp's tiles.
     int rows[MT][2];
@@ -759,7 +767,7 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
             rm[m][i] = row_mask(p, row_tok[rows[m][i]], kv_len);
         }
 
-    const u32 g = blockIdx.y % p.n_head_kv;
+    const u32 g = w.y % p.n_head_kv;
     const u16* kg = p.k + seq * p.k_seq + g * p.k_head;
     const u16* vg = p.v + seq * p.v_seq + g * p.v_head;
     // One commit group per step (the queries ride with the first), so waiting for all but the
@@ -803,8 +811,8 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
     }
     cp_async_wait_all();
 
-    store_rows<MT>(p, st, rows, row_tok, row_head, lane);
-    if (p.n_split > 1) merge_splits<BM, THREADS>(p, p.n_split, row_tok, row_head, tid);
+    store_rows<MT>(p, w.z, st, rows, row_tok, row_head, lane);
+    if (p.n_split > 1) merge_splits<BM, THREADS>(p, p.n_split, w, row_tok, row_head, tid);
 }
 
 #if defined(AKUNU_WGMMA) && (HEAD_DIM == 64 || HEAD_DIM == 128) && HEAD_DIM_V == HEAD_DIM && !defined(FLASH_DEBUG)
@@ -906,16 +914,17 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
     const u32 base = (smem_addr(smem) + 1023u) & ~1023u;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp >> 2;
 
-    const PrefillTile tile = prefill_tile(p);
+    const Work w = grid_work();
+    const PrefillTile tile = prefill_tile(p, w.x);
     const u32 t0 = tile.t0, ntok = tile.ntok, seq = tile.seq, kv_len = tile.kv_len;
-    tile_rows<BM, WG_THREADS>(p, t0, ntok, kv_len, row_tok, row_head, block_range);
+    tile_rows<BM, WG_THREADS>(p, w, t0, ntok, kv_len, row_tok, row_head, block_range, threadIdx.x);
     if (threadIdx.x < 2 * WG_STAGES) {
         mbar_init(smem_addr(&full[threadIdx.x]), WG_PRODUCERS);
         mbar_init(smem_addr(&empty[threadIdx.x]), WG_CONSUMERS / 32);
     }
     __syncthreads();
     u32 kb, ke;
-    split_slice(p.n_split, block_range[0], block_range[1], BN_, kb, ke);
+    split_slice(p.n_split, w.z, block_range[0], block_range[1], BN_, kb, ke);
     const int steps = (int)((ke - kb + BN_ - 1) / BN_);
     const auto k_tile = [&](int j) { return base + Q_BYTES + (u32)(j % WG_STAGES) * K_BYTES; };
     const auto v_tile = [&](int j) { return base + Q_BYTES + WG_STAGES * K_BYTES + (u32)(j % WG_STAGES) * V_BYTES; };
@@ -925,7 +934,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
         // Producer: K_j and V_j into their rings once the consumers released the tiles of step
         // j - WG_STAGES (wg_load_tile).
         regs_lower<WG_PRODUCER_REGS>();
-        const u32 g = blockIdx.y % p.n_head_kv;
+        const u32 g = w.y % p.n_head_kv;
         const u16* kg = p.k + seq * p.k_seq + g * p.k_head;
         const u16* vg = p.v + seq * p.v_seq + g * p.v_head;
         const int tid = threadIdx.x;
@@ -1016,8 +1025,8 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
             wgmma_fence_regs(st[0].o);
         }
 
-        store_rows<1>(p, st, rows, row_tok, row_head, lane);
-        if (p.n_split > 1) merge_splits<BM, WG_CONSUMERS, 1>(p, p.n_split, row_tok, row_head, tid);
+        store_rows<1>(p, w.z, st, rows, row_tok, row_head, lane);
+        if (p.n_split > 1) merge_splits<BM, WG_CONSUMERS, 1>(p, p.n_split, w, row_tok, row_head, tid);
     }
 }
 #endif
@@ -1194,10 +1203,11 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
     const bool fused = p.k_new != nullptr;
     float wq[ROPE_PER], wk[ROPE_PER], freq;
     if (fused) rope.load(p, lane, wq, wk, freq);
-    const u32 t0 = blockIdx.x;
+    const Work work = grid_work();
+    const u32 t0 = work.x;
     const u32 seq = p.q_seq[t0];
     const u32 kv_len = p.kv_len ? min(p.kv_len[seq], p.n_ctx) : p.n_ctx;
-    tile_rows<BM, THREADS>(p, t0, 1, kv_len, row_tok, row_head, block_range);
+    tile_rows<BM, THREADS>(p, work, t0, 1, kv_len, row_tok, row_head, block_range, tid);
     __syncthreads();
     // The launch's split count suits the longest context it may see (a captured graph replays
     // it as the context grows); a block's token uses up to eight splits of at least two steps
@@ -1208,9 +1218,9 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
     const u32 keys = block_range[1] - block_range[0];
     const u32 by_keys = max(min(keys / (2 * STEP_KEYS), 8u), keys / (4 * STEP_KEYS));
     const u32 n_split = max(1u, min(p.n_split, by_keys));
-    if (blockIdx.z >= n_split) return;
+    if (work.z >= n_split) return;
     u32 kb, ke;
-    split_slice(n_split, block_range[0], block_range[1], STEP_KEYS, kb, ke);
+    split_slice(n_split, work.z, block_range[0], block_range[1], STEP_KEYS, kb, ke);
 #ifdef FLASH_DEBUG
     // Every key to the first warp, so its dump is the state over consecutive steps.
     const u32 wb = warp == 0 ? kb : ke, we = ke;
@@ -1221,7 +1231,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
     const int steps = (int)((we - wb + DEC_KEYS - 1) / DEC_KEYS);
     const RowMask rm[1][2] = {{row_mask(p, row_tok[lane >> 2], kv_len), row_mask(p, row_tok[(lane >> 2) + 8], kv_len)}};
 
-    const u32 g = blockIdx.y % p.n_head_kv;
+    const u32 g = work.y % p.n_head_kv;
     DecodeRing ring;
     ring.at = base + Q_BYTES + warp * DEC_STAGES * DecodeRing::STAGE;
     ring.kg = p.k + seq * p.k_seq + g * p.k_head;
@@ -1238,7 +1248,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
         __syncthreads();  // the angles
         rope.prepare(p, base, row_tok, row_head, t0, g, warp, lane, wq, wk);
         __syncthreads();
-        if (blockIdx.y < p.n_head_kv && kb <= pos && pos < ke && pos < p.n_ctx)
+        if (work.y < p.n_head_kv && kb <= pos && pos < ke && pos < p.n_ctx)
             rope.store(p, (u16*)ring.kg, (u16*)ring.vg, pos);
     } else {
         pdl_begin();
@@ -1328,7 +1338,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
         }
         const float inv = l > 0.f ? 1.f / l : 0.f;
         const float lse2 = l > 0.f ? mx + __log2f(l) : FLASH_NEG_INF;
-        store2(p, partial, t, row_head[r], c, x * inv, y * inv, lse2, c == 0);
+        store2(p, partial, work.z, t, row_head[r], c, x * inv, y * inv, lse2, c == 0);
         if (!partial) {
             const float out[2] = {x * inv, y * inv};
             store_act<2>(p, true, t, row_head[r], c, out);
@@ -1336,5 +1346,5 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
     }
     // Decode has the most splits (up to one per resident block), and its merge ends the
     // launch: twice prefill's loads per round.
-    if (partial) merge_splits<BM, THREADS, 0, 16>(p, n_split, row_tok, row_head, tid);
+    if (partial) merge_splits<BM, THREADS, 0, 16>(p, n_split, work, row_tok, row_head, tid);
 }
