@@ -25,7 +25,8 @@
 // 4. Prefill (flash_prefill): four warps own two 16-row tiles each (one for head sizes past
 //    128), so each K or V fragment feeds two MMAs per tile, and share BN-key tiles, double
 //    buffered with cp.async. On Hopper, head sizes 64 and 128 prefill on wgmma instead
-//    (flash_prefill_wg: a producer warpgroup and two consumer warpgroups, see there).
+//    (flash_prefill_wg: persistent blocks of a producer warpgroup and two consumer
+//    warpgroups, see there).
 //    Decode (flash_decode): one 16-row tile, the block's keys cut into
 //    four contiguous ranges, one per warp, each warp streaming its own range through a
 //    three-stage cp.async ring of 16-key tiles with no block-wide barrier; the warps' states
@@ -137,6 +138,8 @@ struct FlashParams {
     u32 n_rot, neox;
     float eps;
     u32 tma;
+    // flash_prefill_wg: the tiles and head chunks its work items span.
+    u32 wg_tiles, wg_heads;
 };
 
 // Byte offset of 16-byte chunk c of row r in a tile of `row_bytes` rows: chunks XOR-swizzled by
@@ -215,7 +218,8 @@ __device__ __forceinline__ bool visible(const FlashParams& p, const RowMask& m, 
 }
 
 // What a block works on: tile x of the host's list (or token x), head chunk y of `heads`
-// (KV head y % n_head_kv, chunk y / n_head_kv), split z: the launch grid's coordinates.
+// (KV head y % n_head_kv, chunk y / n_head_kv), split z. The launch grid's coordinates, except
+// in flash_prefill_wg, whose blocks take several.
 struct Work {
     u32 x, y, z, heads;
 };
@@ -816,17 +820,20 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
 }
 
 #if defined(AKUNU_WGMMA) && (HEAD_DIM == 64 || HEAD_DIM == 128) && HEAD_DIM_V == HEAD_DIM && !defined(FLASH_DEBUG)
-// Prefill on Hopper's warpgroup MMA (sm_90a, head sizes 64 and 128), warp-specialised:
-// - a producer warpgroup streams WG_BN-key tiles of K and of V into two rings of WG_STAGES
-//   stages in wgmma's swizzled layout, by tensor copies (one thread issues a tile; the host
-//   passes tensor maps of the caches) or, for a slice's partial last tile and where the host
-//   has no maps, by cp.async from every thread; each stage has a "full" mbarrier (the copies
-//   landed) and an "empty" one (the consumers are done with it);
+// Prefill on Hopper's warpgroup MMA (sm_90a, head sizes 64 and 128), warp-specialised and
+// persistent: at most one block per SM, each taking work items (a 128-row tile of one head
+// chunk, or one split of it) until none is left (wg_next_item, wg_work). Per block:
+// - three producer warps prepare each item: its rows and key range, and its queries into one
+//   of two slots, up to two items ahead, so an item's set-up overlaps the one before;
+// - a loading warp streams WG_BN-key tiles of K and of V into two rings of WG_STAGES stages in
+//   wgmma's swizzled layout, by tensor copies (one lane issues a tile; the host passes tensor
+//   maps of the caches) or, for a slice's partial last tile and where the host has no maps, by
+//   cp.async; each stage has a "full" mbarrier (the copies landed) and an "empty" one (the
+//   consumers are done with it);
 // - two consumer warpgroups of 64 rows each. Step j issues S_j = Q K_j^T and then
-//   O += P_{j-1} V_{j-1} (P from registers), waits for S_j only and runs flash_prefill's
-//   masking and online softmax while the tensor cores work on P_{j-1} V_{j-1}; then it waits
-//   for that, rescales O and packs P_j. K_j is released after S_j, V_j a step later: two rings
-//   let the producer run two steps ahead on both.
+//   O += P_{j-1} V_{j-1} (P from registers), waits for S_j, runs flash_prefill's masking and
+//   online softmax, waits for P_{j-1} V_{j-1}, rescales O and packs P_j. K_j is released after
+//   S_j, V_j a step later.
 // The consumers take turns to issue their products (FA3's ping-pong: named barriers
 // WG_TURN + w, "warpgroup w may issue"), so one warpgroup's softmax runs while the tensor cores
 // work on the other's products. ptxas moves the wait for P_{j-1} V_{j-1} above the softmax
@@ -834,14 +841,15 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
 // turns both warpgroups wait for the same K tile, issue together and then both leave the tensor
 // cores idle during their softmax. No block-wide barrier in the loop. The producer gives its
 // registers to the consumers (setmaxnreg).
-// Grid and tile list as flash_prefill (128 rows a tile).
 constexpr int WG_BN = 128;
-constexpr int WG_STAGES = 3;
+constexpr int WG_STAGES = 2;
 constexpr int WG_PRODUCER_REGS = 40, WG_CONSUMER_REGS = 232;
-// Threads: the producer warpgroup, then the two consumer warpgroups.
+// Threads: the producer warpgroup (a loading warp and three preparing ones), then the two
+// consumer warpgroups.
 constexpr int WG_PRODUCERS = 128, WG_CONSUMERS = 256, WG_THREADS = WG_PRODUCERS + WG_CONSUMERS;
-// Named barriers of the consumers' turns (barrier 1 is the consumers' own).
-constexpr int WG_TURN = 2;
+constexpr int WG_LOADERS = 32, WG_PREPARERS = WG_PRODUCERS - WG_LOADERS;
+// Named barriers of the consumers' turns (barrier 1 is the consumers' own) and the producer's.
+constexpr int WG_TURN = 2, WG_PRODUCER_BAR = 4;
 
 // Consumer warpgroup cw waits for its turn to issue, or hands the turn to the other one.
 __device__ __forceinline__ void wg_take_turn(int cw) {
@@ -879,10 +887,10 @@ __device__ __forceinline__ u32 ring_parity(int j) { return (u32)(j / WG_STAGES) 
 // tile, whose rows past the end must read as zeros) with cp.async.
 __device__ __forceinline__ bool wg_by_tma(const FlashParams& p, u32 k0, u32 ke) { return p.tma && ke - k0 >= WG_BN; }
 
-// The producer's copy of one ring's tile of step j (keys k0.., rows `row_bytes` apart in the
-// cache at src) into `tile`, arriving on `full`. A tensor copy is issued by thread 0, which
-// also announces its bytes; the others only arrive, so either way the phase counts
-// WG_PRODUCERS arrivals.
+// The loading warp's copy of one ring's tile of step j (keys k0.., rows `stride` elements apart
+// in the cache at src) into `tile`, arriving on `full`. A tensor copy is issued by lane 0,
+// which also announces its bytes; the others only arrive, so either way the phase counts
+// WG_LOADERS arrivals.
 template <int CH, u32 ROW>
 __device__ __forceinline__ void wg_load_tile(const FlashParams& p, const TensorMap& map, u32 tile, const u16* src,
                                              long long stride, u32 k0, u32 ke, u32 g, u32 seq, u32 full, int tid) {
@@ -896,137 +904,239 @@ __device__ __forceinline__ void wg_load_tile(const FlashParams& p, const TensorM
             mbar_arrive(full);
         }
     } else {
-        load_rows<WG_PRODUCERS, WG_BN, CH, ROW, true>(tile, src + k0 * stride, stride, ke - k0, tid);
+        load_rows<WG_LOADERS, WG_BN, CH, ROW, true>(tile, src + k0 * stride, stride, ke - k0, tid);
         mbar_arrive_cp_async(full);
     }
 }
+
+// The last two of the scratch's counters (the host's COUNTERS; split merges use the first
+// ones, fewer than that): the next work item to hand out, and the blocks that found none left.
+constexpr u32 WG_NEXT_ITEM = 4094, WG_BLOCKS_DONE = 4095;
+
+// The next work item of a block that has taken `m` so far. Without split-KV the blocks take
+// items from one counter as they free up: the host lists the longest tiles first, so the
+// longest items start first and the short ones fill in at the end. The block that finds none
+// left last re-arms the counters for the next launch. With split-KV the host launches a block
+// per item, and a block's item is its index.
+__device__ __forceinline__ u32 wg_next_item(const FlashParams& p, u32 m, u32 n_items) {
+    if (p.n_split > 1) return m == 0 ? blockIdx.x : n_items;
+    const u32 i = atomicAdd(&p.counters[WG_NEXT_ITEM], 1u);
+    if (i >= n_items && atomicAdd(&p.counters[WG_BLOCKS_DONE], 1u) == gridDim.x - 1) {
+        p.counters[WG_NEXT_ITEM] = 0;
+        p.counters[WG_BLOCKS_DONE] = 0;
+    }
+    return i;
+}
+
+// Work item i, in bands of head chunks: every tile of a band's heads, longest first (the host
+// lists the longest tiles first), each tile's heads together; then the next band. Blocks
+// running together share the K and V of a band's few heads, which stay in L2. A band holds at
+// least a quarter of the heads, so the last band starts its longest tiles early enough to end
+// with the others (with small bands the launch ends on them). Splits are outermost.
+__device__ __forceinline__ Work wg_work(const FlashParams& p, u32 i) {
+    const u32 band_heads = max(4u, (p.wg_heads + 3) / 4);
+    const u32 per_split = p.wg_tiles * p.wg_heads, z = i / per_split, r = i % per_split;
+    const u32 band = r / (band_heads * p.wg_tiles), in_band = r % (band_heads * p.wg_tiles);
+    const u32 heads = min(band_heads, p.wg_heads - band * band_heads);
+    return Work{in_band / heads, band * band_heads + in_band % heads, z, p.wg_heads};
+}
+
+// What the producer tells the consumers about an item, with its queries (a slot per item in
+// flight).
+struct WgItem {
+    int row_tok[128], row_head[128];
+    u32 range[2];
+    u32 seq, kv_len;
+    u32 index;  // the work item, n_items when none is left
+};
 
 extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(const __grid_constant__ FlashParams p) {
     pdl_begin();
     constexpr int BM = 128, BN_ = WG_BN;
     constexpr u32 Q_BYTES = BM * QROW, K_BYTES = BN_ * KROW, V_BYTES = BN_ * VROW;
     extern __shared__ __align__(128) u8 smem[];
-    __shared__ int row_tok[BM], row_head[BM];
-    __shared__ u32 block_range[2];
-    // full[0..S) and empty[0..S) for K, then the same for V.
-    __shared__ __align__(8) u64 full[2 * WG_STAGES], empty[2 * WG_STAGES];
+    __shared__ WgItem items[2];
+    // full[0..S) and empty[0..S) for K, then the same for V; an item slot's queries and rows
+    // are ready (q_full) or done with (q_empty).
+    __shared__ __align__(8) u64 full[2 * WG_STAGES], empty[2 * WG_STAGES], q_full[2], q_empty[2];
     // Swizzle atoms start on 1024-byte boundaries (the host adds the slack).
     const u32 base = (smem_addr(smem) + 1023u) & ~1023u;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp >> 2;
+    const u32 n_items = p.wg_tiles * p.wg_heads * p.n_split;
 
-    const Work w = grid_work();
-    const PrefillTile tile = prefill_tile(p, w.x);
-    const u32 t0 = tile.t0, ntok = tile.ntok, seq = tile.seq, kv_len = tile.kv_len;
-    tile_rows<BM, WG_THREADS>(p, w, t0, ntok, kv_len, row_tok, row_head, block_range, threadIdx.x);
     if (threadIdx.x < 2 * WG_STAGES) {
-        mbar_init(smem_addr(&full[threadIdx.x]), WG_PRODUCERS);
+        mbar_init(smem_addr(&full[threadIdx.x]), WG_LOADERS);
         mbar_init(smem_addr(&empty[threadIdx.x]), WG_CONSUMERS / 32);
     }
+    if (threadIdx.x < 2) {
+        mbar_init(smem_addr(&q_full[threadIdx.x]), WG_PREPARERS);
+        mbar_init(smem_addr(&q_empty[threadIdx.x]), WG_CONSUMERS / 32);
+    }
     __syncthreads();
-    u32 kb, ke;
-    split_slice(p.n_split, w.z, block_range[0], block_range[1], BN_, kb, ke);
-    const int steps = (int)((ke - kb + BN_ - 1) / BN_);
-    const auto k_tile = [&](int j) { return base + Q_BYTES + (u32)(j % WG_STAGES) * K_BYTES; };
-    const auto v_tile = [&](int j) { return base + Q_BYTES + WG_STAGES * K_BYTES + (u32)(j % WG_STAGES) * V_BYTES; };
-    const auto bar = [&](u64* b, int ring, int j) { return smem_addr(&b[ring * WG_STAGES + j % WG_STAGES]); };
+    const auto q_tile = [&](u32 slot) { return base + slot * Q_BYTES; };
+    const auto k_tile = [&](u32 n) { return base + 2 * Q_BYTES + n % WG_STAGES * K_BYTES; };
+    const auto v_tile = [&](u32 n) { return base + 2 * Q_BYTES + WG_STAGES * K_BYTES + n % WG_STAGES * V_BYTES; };
+    const auto bar = [&](u64* b, int ring, u32 n) { return smem_addr(&b[ring * WG_STAGES + n % WG_STAGES]); };
 
     if (wg == 0) {
-        // Producer: K_j and V_j into their rings once the consumers released the tiles of step
-        // j - WG_STAGES (wg_load_tile).
+        // Producer warpgroup: warps 1-3 prepare each item (its rows and queries into the
+        // item's slot, once the consumers are done with the item two before), up to two items
+        // ahead of the consumers; warp 0 streams K_j and V_j into their rings once the
+        // consumers released the tiles WG_STAGES steps before (wg_load_tile).
         regs_lower<WG_PRODUCER_REGS>();
-        const u32 g = w.y % p.n_head_kv;
-        const u16* kg = p.k + seq * p.k_seq + g * p.k_head;
-        const u16* vg = p.v + seq * p.v_seq + g * p.v_head;
-        const int tid = threadIdx.x;
-        for (int j = 0; j < steps; ++j) {
-            const u32 k0 = kb + j * BN_;
-            if (j >= WG_STAGES) mbar_wait(bar(empty, 0, j), ring_parity(j) ^ 1);
-            wg_load_tile<D / 8, KROW>(p, p.tma_k, k_tile(j), kg, p.k_pos, k0, ke, g, seq, bar(full, 0, j), tid);
-            if (j >= WG_STAGES) mbar_wait(bar(empty, 1, j), ring_parity(j) ^ 1);
-            wg_load_tile<DV / 8, VROW>(p, p.tma_v, v_tile(j), vg, p.v_pos, k0, ke, g, seq, bar(full, 1, j), tid);
+        u32 m = 0;  // items so far
+        if (warp > 0) {
+            const int tid = threadIdx.x - WG_LOADERS;
+            for (;; ++m) {
+                const u32 slot = m & 1;
+                WgItem& it = items[slot];
+                if (m >= 2) mbar_wait(smem_addr(&q_empty[slot]), ((m >> 1) & 1) ^ 1);
+                if (tid == 0) it.index = wg_next_item(p, m, n_items);
+                sync_threads<WG_PREPARERS, WG_PRODUCER_BAR>();
+                const u32 i = it.index;
+                if (i >= n_items) {
+                    mbar_arrive(smem_addr(&q_full[slot]));
+                    break;
+                }
+                const Work w = wg_work(p, i);
+                const PrefillTile tile = prefill_tile(p, w.x);
+                tile_rows<BM, WG_PREPARERS>(p, w, tile.t0, tile.ntok, tile.kv_len, it.row_tok, it.row_head, it.range,
+                                            tid);
+                if (tid == 0) {
+                    it.seq = tile.seq;
+                    it.kv_len = tile.kv_len;
+                }
+                sync_threads<WG_PREPARERS, WG_PRODUCER_BAR>();
+                load_q<BM, WG_PREPARERS, true>(p, q_tile(slot), it.row_tok, it.row_head, tid);
+                // The queries' copies land before the slot reads as full; the rows and any
+                // queries stored directly are released by the arrival itself.
+                mbar_arrive_cp_async_inc(smem_addr(&q_full[slot]));
+                mbar_arrive(smem_addr(&q_full[slot]));
+            }
+        } else {
+            u32 n = 0;  // steps so far
+            for (;; ++m) {
+                const u32 slot = m & 1;
+                const WgItem& it = items[slot];
+                mbar_wait(smem_addr(&q_full[slot]), (m >> 1) & 1);
+                const u32 i = it.index;
+                if (i >= n_items) break;
+                const Work w = wg_work(p, i);
+                const u32 seq = it.seq;
+                u32 kb, ke;
+                split_slice(p.n_split, w.z, it.range[0], it.range[1], BN_, kb, ke);
+                const u32 g = w.y % p.n_head_kv;
+                const u16* kg = p.k + seq * p.k_seq + g * p.k_head;
+                const u16* vg = p.v + seq * p.v_seq + g * p.v_head;
+                for (u32 k0 = kb; k0 < ke; k0 += BN_, ++n) {
+                    if (n >= WG_STAGES) mbar_wait(bar(empty, 0, n), ring_parity(n) ^ 1);
+                    wg_load_tile<D / 8, KROW>(p, p.tma_k, k_tile(n), kg, p.k_pos, k0, ke, g, seq, bar(full, 0, n), lane);
+                    if (n >= WG_STAGES) mbar_wait(bar(empty, 1, n), ring_parity(n) ^ 1);
+                    wg_load_tile<DV / 8, VROW>(p, p.tma_v, v_tile(n), vg, p.v_pos, k0, ke, g, seq, bar(full, 1, n), lane);
+                }
+            }
         }
         cp_async_wait_all();
     } else {
         regs_raise<WG_CONSUMER_REGS>();
         const int tid = threadIdx.x - WG_PRODUCERS, cw = wg - 1;
-        int rows[1][2];
-        RowMask rm[1][2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            rows[0][i] = cw * 64 + (warp & 3) * 16 + (lane >> 2) + 8 * i;
-            rm[0][i] = row_mask(p, row_tok[rows[0][i]], kv_len);
-        }
-        load_q<BM, WG_CONSUMERS, true>(p, base, row_tok, row_head, tid);
-        cp_async_commit();
-        cp_async_wait_all();
-        fence_async_shared();
-        sync_threads<WG_CONSUMERS, 1>();
-        // Warpgroup 0 issues first. Each warpgroup passes the turn after issuing at every
-        // step, but warpgroup 1 not after its last: every arrival then meets a wait.
+        // Warpgroup 0 issues first. Each warpgroup passes the turn after each issue; the one
+        // pass left over at the end is taken by warpgroup 0 after its last step.
         if (cw == 1) wg_pass_turn(cw);
-
-        WarpState st[1];
-        st[0].init();
+        int rows[1][2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) rows[0][i] = cw * 64 + (warp & 3) * 16 + (lane >> 2) + 8 * i;
         // This warpgroup's 64 rows inside each 128-row column block of Q.
-        const u32 q_at = base + cw * 64 * 128;
-        u32 a[BN_ / 16][4];
-        for (int j = 0; j < steps; ++j) {
-            // cp.async writes through the generic proxy, wgmma reads through the async one
-            // (as tensor copies write).
-            const bool by_tma = wg_by_tma(p, kb + j * BN_, ke);
-            mbar_wait(bar(full, 0, j), ring_parity(j));
-            if (!by_tma) fence_async_shared();
-            wg_take_turn(cw);
-            const u32 ks = k_tile(j);
-            float s[1][BN_ / 8][4];
-            wgmma_fence();
+        const u32 q_rows = cw * 64 * 128;
+        u32 n = 0, m = 0;
+        Work last{};
+        for (;; ++m) {
+            const u32 slot = m & 1;
+            const WgItem& it = items[slot];
+            mbar_wait(smem_addr(&q_full[slot]), (m >> 1) & 1);
+            const u32 i = it.index;
+            if (i >= n_items) break;
+            const Work w = wg_work(p, i);
+            fence_async_shared();
+            const u32 seq = it.seq;
+            RowMask rm[1][2];
 #pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk) {
-                const u32 col = kk >> 2, within = (kk & 3) * 32u;
-                wg_qk<BN_>(s[0], wgmma_desc(q_at + col * BM * 128 + within, 16, 1024),
-                           wgmma_desc(ks + col * BN_ * 128 + within, 16, 1024), kk > 0);
-            }
-            wgmma_commit();
-            // The turn passes before the waits. ptxas keeps the wgmmas pipelined only while each
-            // wait sits in the branch that issued the group (a wait after the branches join
-            // serialises every wgmma of the kernel).
-            const bool pass = cw == 0 || j + 1 < steps;
-            if (j > 0) {
-                mbar_wait(bar(full, 1, j - 1), ring_parity(j - 1));
-                if (!wg_by_tma(p, kb + (j - 1) * BN_, ke)) fence_async_shared();
-                wg_issue_pv<BN_>(st[0], a, v_tile(j - 1));
+            for (int r = 0; r < 2; ++r) rm[0][r] = row_mask(p, it.row_tok[rows[0][r]], it.kv_len);
+            u32 kb, ke;
+            split_slice(p.n_split, w.z, it.range[0], it.range[1], BN_, kb, ke);
+            const int steps = (int)((ke - kb + BN_ - 1) / BN_);
+            const u32 q_at = q_tile(slot) + q_rows;
+
+            WarpState st[1];
+            st[0].init();
+            // The accumulators just zeroed are the item's first P V's operands.
+            wgmma_fence();
+            u32 a[BN_ / 16][4];
+            for (int j = 0; j < steps; ++j, ++n) {
+                // cp.async writes through the generic proxy, wgmma reads through the async one
+                // (as tensor copies write).
+                mbar_wait(bar(full, 0, n), ring_parity(n));
+                if (!wg_by_tma(p, kb + j * BN_, ke)) fence_async_shared();
+                wg_take_turn(cw);
+                const u32 ks = k_tile(n);
+                float s[1][BN_ / 8][4];
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < D / 16; ++kk) {
+                    const u32 col = kk >> 2, within = (kk & 3) * 32u;
+                    wg_qk<BN_>(s[0], wgmma_desc(q_at + col * BM * 128 + within, 16, 1024),
+                               wgmma_desc(ks + col * BN_ * 128 + within, 16, 1024), kk > 0);
+                }
                 wgmma_commit();
-                if (pass) wg_pass_turn(cw);
-                wgmma_wait<1>();
-            } else {
-                if (pass) wg_pass_turn(cw);
+                // The turn passes before the waits. ptxas keeps the wgmmas pipelined only while
+                // each wait sits in the branch that issued the group (a wait after the branches
+                // join serialises every wgmma of the kernel).
+                if (j > 0) {
+                    mbar_wait(bar(full, 1, n - 1), ring_parity(n - 1));
+                    if (!wg_by_tma(p, kb + (j - 1) * BN_, ke)) fence_async_shared();
+                    wg_issue_pv<BN_>(st[0], a, v_tile(n - 1));
+                    wgmma_commit();
+                    wg_pass_turn(cw);
+                    wgmma_wait<1>();
+                } else {
+                    wg_pass_turn(cw);
+                    wgmma_wait<0>();
+                }
+                wgmma_fence_regs(s[0]);
+                if (lane == 0) mbar_arrive(bar(empty, 0, n));
+
+                const float unit = mask_scores<BN_, 1>(p, s, rm, kb + j * BN_, seq, lane);
+                float corr[1][2];
+                const bool same = softmax_probs<BN_, 1>(st, s, corr, unit);
                 wgmma_wait<0>();
-            }
-            wgmma_fence_regs(s[0]);
-            if (lane == 0) mbar_arrive(bar(empty, 0, j));
-
-            const float unit = mask_scores<BN_, 1>(p, s, rm, kb + j * BN_, seq, lane);
-            float corr[1][2];
-            const bool same = softmax_probs<BN_, 1>(st, s, corr, unit);
-            wgmma_wait<0>();
-            wgmma_fence_regs(st[0].o);
-            if (j > 0 && lane == 0) mbar_arrive(bar(empty, 1, j - 1));
-            rescale_out<1>(st, corr, same);
+                wgmma_fence_regs(st[0].o);
+                if (j > 0 && lane == 0) mbar_arrive(bar(empty, 1, n - 1));
+                rescale_out<1>(st, corr, same);
 #pragma unroll
-            for (int kk = 0; kk < BN_ / 16; ++kk) prob_frag<BN_>(s[0], kk, a[kk]);
-        }
-        if (steps > 0) {
-            mbar_wait(bar(full, 1, steps - 1), ring_parity(steps - 1));
-            if (!wg_by_tma(p, kb + (steps - 1) * BN_, ke)) fence_async_shared();
-            wgmma_fence();
-            wg_issue_pv<BN_>(st[0], a, v_tile(steps - 1));
-            wgmma_commit();
-            wgmma_wait<0>();
-            wgmma_fence_regs(st[0].o);
-        }
+                for (int kk = 0; kk < BN_ / 16; ++kk) prob_frag<BN_>(s[0], kk, a[kk]);
+            }
+            if (steps > 0) {
+                mbar_wait(bar(full, 1, n - 1), ring_parity(n - 1));
+                if (!wg_by_tma(p, kb + (steps - 1) * BN_, ke)) fence_async_shared();
+                wgmma_fence();
+                wg_issue_pv<BN_>(st[0], a, v_tile(n - 1));
+                wgmma_commit();
+                wgmma_wait<0>();
+                wgmma_fence_regs(st[0].o);
+                if (lane == 0) mbar_arrive(bar(empty, 1, n - 1));
+            }
 
-        store_rows<1>(p, w.z, st, rows, row_tok, row_head, lane);
-        if (p.n_split > 1) merge_splits<BM, WG_CONSUMERS, 1>(p, p.n_split, w, row_tok, row_head, tid);
+            store_rows<1>(p, w.z, st, rows, it.row_tok, it.row_head, lane);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(smem_addr(&q_empty[slot]));
+            last = w;
+        }
+        if (cw == 0) wg_take_turn(cw);
+        // Split-KV launches give each block one item (the host), whose slot no later item
+        // reuses. The merge stays out of the item loop: inside it, ptxas serialises every
+        // wgmma of the kernel.
+        if (p.n_split > 1 && m > 0)
+            merge_splits<BM, WG_CONSUMERS, 1>(p, p.n_split, last, items[0].row_tok, items[0].row_head, tid);
     }
 }
 #endif

@@ -58,6 +58,11 @@ __device__ __forceinline__ void mbar_arrive(u32 bar) {
 __device__ __forceinline__ void mbar_arrive_cp_async(u32 bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
+// Holds the barrier's phase until every cp.async this thread issued so far has landed, without
+// counting as one of its arrivals.
+__device__ __forceinline__ void mbar_arrive_cp_async_inc(u32 bar) {
+    asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
 __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
     u32 done = 0;
     while (!done)

@@ -12,10 +12,12 @@
 //!   bound by memory, so it splits the keys until every resident block slot of the GPU works.
 //! - `flash_prefill` (four warps of 32 rows, or 16 for head sizes past 128) for runs of tokens
 //!   of one sequence: tiles of `rows / group` tokens (the query heads of a KV head are packed
-//!   as rows), uploaded as a (first token, count) list, the latest tokens first so the
-//!   longest tiles start first. On Hopper with head sizes 64 or 128 the same tiles go to
-//!   `flash_prefill_wg` (a producer warpgroup streaming K and V, two consumer warpgroups of
-//!   64 rows on wgmma, 128-key steps) instead.
+//!   as rows), uploaded as a (first token, count) list, the latest tile of every run first
+//!   (then the next latest of every run, ...) so the longest tiles start first. On Hopper with
+//!   head sizes 64 or 128 the same tiles go to `flash_prefill_wg` instead: up to one block per
+//!   SM, each taking (tile, head chunk) items in turn from a counter in the scratch; a
+//!   producer warpgroup prepares the items and streams K and V by tensor copies (tensor maps
+//!   built here), two consumer warpgroups of 64 rows run wgmma, 128-key steps.
 //! - Split-KV when the tiles alone cannot fill the GPU: each split writes normalised partial
 //!   rows and their log-sum-exp into the scratch, and the last split of each tile to finish
 //!   merges them (a counter per tile in the scratch, re-armed by that split). The split count
@@ -49,10 +51,12 @@ const THREADS: u32 = 128;
 /// swizzled tiles.
 const WG_THREADS: u32 = 384;
 const WG_KEYS: usize = 128;
-const WG_STAGES: usize = 3;
+const WG_STAGES: usize = 2;
 const WG_ALIGN: usize = 1024;
 /// Split counters (one per tile and head chunk) at the start of the scratch; a launch with
-/// more tiles than this never splits (it fills the GPU without).
+/// more tiles than this never splits (it fills the GPU without). Without splits,
+/// `flash_prefill_wg` uses the last two to hand out its work items (`WG_NEXT_ITEM` in
+/// flash.cu).
 const COUNTERS: usize = 4096;
 const COUNTER_BYTES: usize = COUNTERS * 4;
 
@@ -161,11 +165,11 @@ impl FlashConfig {
         self.head_dim == self.head_dim_v && matches!(self.head_dim, 64 | 128) && !self.debug
     }
 
-    /// Dynamic shared memory of `flash_prefill_wg`: alignment slack, the 128-row query tile and
-    /// the K/V stages.
+    /// Dynamic shared memory of `flash_prefill_wg`: alignment slack, two 128-row query tiles
+    /// (one per work item in flight) and the K/V stages.
     fn wgmma_smem(&self) -> usize {
         WG_ALIGN
-            + 128 * self.head_dim * 2
+            + 2 * 128 * self.head_dim * 2
             + WG_STAGES * WG_KEYS * (self.head_dim + self.head_dim_v) * 2
     }
 
@@ -358,7 +362,9 @@ struct FlashParams {
     neox: u32,
     eps: f32,
     tma: u32,
-    tail: [u32; 14],
+    wg_tiles: u32,
+    wg_heads: u32,
+    tail: [u32; 12],
 }
 
 /// Whether queries run on the decode kernel: one token per tile, a token's query heads of one
@@ -538,6 +544,8 @@ impl FlashKernels {
         let n_tiles = match q {
             Queries::PerToken => a.n_tokens,
             Queries::Runs(runs) => {
+                // Each run's tiles, latest first: they see the most keys.
+                let mut per_run: Vec<Vec<[u32; 2]>> = Vec::with_capacity(runs.len());
                 for &(first, count) in runs.iter() {
                     if count == 0 || first.checked_add(count).is_none_or(|e| e > a.n_tokens) {
                         return Err(CudaError::Bounds(format!(
@@ -545,18 +553,25 @@ impl FlashKernels {
                             a.n_tokens
                         )));
                     }
+                    let mut run = Vec::new();
                     let mut t = first;
                     while t < first + count {
                         let n = per_tile.min(first + count - t);
-                        tiles.push(to_u32("token", t)?);
-                        tiles.push(n as u32);
+                        run.push([to_u32("token", t)?, n as u32]);
                         t += n;
                     }
+                    run.reverse();
+                    per_run.push(run);
                 }
-                // Latest tiles of each run see the most keys: start them first.
-                let mut pairs: Vec<[u32; 2]> = tiles.chunks(2).map(|c| [c[0], c[1]]).collect();
-                pairs.reverse();
-                tiles = pairs.concat();
+                // The latest tile of every run, then the next latest of every run, ...: blocks
+                // start in this order, so the longest tiles start first and the short ones fill
+                // in at the end.
+                let rounds = per_run.iter().map(Vec::len).max().unwrap_or(0);
+                for r in 0..rounds {
+                    for tile in per_run.iter().filter_map(|run| run.get(r)) {
+                        tiles.extend_from_slice(tile);
+                    }
+                }
                 tiles.len() / 2
             }
         };
@@ -804,23 +819,32 @@ impl FlashKernels {
             neox: a.rope.map_or(0, |r| u32::from(r.neox)),
             eps: a.rope.map_or(0.0, |r| r.eps),
             tma: u32::from(maps.is_some()),
-            tail: [0; 14],
+            wg_tiles: to_u32("attention tiles", l.n_tiles)?,
+            wg_heads: to_u32("attention heads", a.n_head_kv * l.chunks)?,
+            tail: [0; 12],
             tma_k: maps.map_or(TensorMap::zeroed(), |m| m.0),
             tma_v: maps.map_or(TensorMap::zeroed(), |m| m.1),
         };
-        let (kernel, threads, smem) = match (l.decode, &self.prefill_wg) {
-            (true, _) => (&self.decode, THREADS, self.cfg.smem(true)),
-            (false, Some(wg)) => (wg, WG_THREADS, self.cfg.wgmma_smem()),
-            (false, None) => (&self.prefill, THREADS, self.cfg.smem(false)),
-        };
-        let grid = (
-            to_u32("attention tiles", l.n_tiles)?,
-            to_u32("attention heads", a.n_head_kv * l.chunks)?,
-            l.splits as u32,
-        );
+        let grid = (p.wg_tiles, p.wg_heads, l.splits as u32);
         if grid.1 > u16::MAX as u32 {
             return Err(bad(format!("{} KV heads", a.n_head_kv)));
         }
+        let (kernel, threads, smem, grid) = match (l.decode, &self.prefill_wg) {
+            (true, _) => (&self.decode, THREADS, self.cfg.smem(true), grid),
+            (false, Some(wg)) => {
+                // Up to one block per SM, each taking (tile, head chunk, split) items in turn;
+                // with split-KV one item per block (the kernel merges after its item loop).
+                let items = l.n_tiles * a.n_head_kv * l.chunks * l.splits;
+                let blocks = if l.splits > 1 {
+                    items
+                } else {
+                    items.min(self.sm_count)
+                };
+                let blocks = to_u32("attention work items", blocks)?;
+                (wg, WG_THREADS, self.cfg.wgmma_smem(), (blocks, 1, 1))
+            }
+            (false, None) => (&self.prefill, THREADS, self.cfg.smem(false), grid),
+        };
         gpu.launch_with(kernel, grid, (threads, 1, 1), smem as u32, &p)
     }
 }
