@@ -636,15 +636,28 @@ __device__ __forceinline__ void store_act(const FlashParams& p, bool valid, int 
 }
 
 // A barrier over the block (BAR 0), or over the THREADS threads that use named barrier BAR.
+// Named barriers are the unaligned form: a warp may reach them with its lanes apart (after a
+// lane-0 branch or a spin on an mbarrier), and the aligned form then counts the warp early.
 template <int THREADS, int BAR>
 __device__ __forceinline__ void sync_threads() {
     if constexpr (BAR == 0) __syncthreads();
-    else asm volatile("bar.sync %0, %1;\n" ::"n"(BAR), "n"(THREADS) : "memory");
+    else asm volatile("barrier.sync %0, %1;\n" ::"n"(BAR), "n"(THREADS) : "memory");
 }
 // This thread's arrival at named barrier BAR (of THREADS threads), without waiting for it.
 template <int THREADS, int BAR>
 __device__ __forceinline__ void arrive_threads() {
-    asm volatile("bar.arrive %0, %1;\n" ::"n"(BAR), "n"(THREADS) : "memory");
+    asm volatile("barrier.arrive %0, %1;\n" ::"n"(BAR), "n"(THREADS) : "memory");
+}
+// sync_threads<THREADS, BAR>, returning whether any of the threads passed true.
+template <int THREADS, int BAR>
+__device__ __forceinline__ bool sync_threads_or(bool v) {
+    if constexpr (BAR == 0) return __syncthreads_or(v);
+    u32 any;
+    asm volatile("{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbarrier.red.or.pred q, %2, %3, p;\nselp.u32 %0, 1, 0, q;\n}\n"
+                 : "=r"(any)
+                 : "r"((u32)v), "n"(BAR), "n"(THREADS)
+                 : "memory");
+    return any != 0;
 }
 
 // After every thread stored this split's partial rows: the last of the tile's n_split splits to
@@ -654,13 +667,10 @@ __device__ __forceinline__ void arrive_threads() {
 template <int BM, int THREADS, int BAR = 0, int UNROLL = 8>
 __device__ void merge_splits(const FlashParams& p, u32 n_split, const Work& w, const int* row_tok,
                              const int* row_head, int tid) {
-    __shared__ bool last;
     const u32 slot = w.x * w.heads + w.y;
     __threadfence();
     sync_threads<THREADS, BAR>();
-    if (tid == 0) last = atomicAdd(&p.counters[slot], 1u) == n_split - 1;
-    sync_threads<THREADS, BAR>();
-    if (!last) return;
+    if (!sync_threads_or<THREADS, BAR>(tid == 0 && atomicAdd(&p.counters[slot], 1u) == n_split - 1)) return;
     __threadfence();
     const u64 stride = (u64)p.n_tokens * p.n_head;
     constexpr int C4 = DV / 4;
