@@ -853,6 +853,9 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
 // registers to the consumers (setmaxnreg).
 constexpr int WG_BN = 128;
 constexpr int WG_STAGES = 2;
+// The block starts with 168 registers a thread (384 threads, one block per SM). The consumers'
+// increase takes exactly what the producers release, (168 - 40) * 128 = (232 - 168) * 256: a
+// larger producer budget leaves setmaxnreg.inc waiting for registers forever.
 constexpr int WG_PRODUCER_REGS = 40, WG_CONSUMER_REGS = 232;
 // Threads: the producer warpgroup (a loading warp and three preparing ones), then the two
 // consumer warpgroups.
