@@ -990,6 +990,11 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
     const auto k_tile = [&](u32 n) { return base + 2 * Q_BYTES + n % WG_STAGES * K_BYTES; };
     const auto v_tile = [&](u32 n) { return base + 2 * Q_BYTES + WG_STAGES * K_BYTES + n % WG_STAGES * V_BYTES; };
     const auto bar = [&](u64* b, int ring, u32 n) { return smem_addr(&b[ring * WG_STAGES + n % WG_STAGES]); };
+    // The m-th item, once the preparing warps filled its slot (n_items when none is left).
+    const auto wait_item = [&](u32 m) {
+        mbar_wait(smem_addr(&q_full[m & 1]), (m >> 1) & 1);
+        return items[m & 1].index;
+    };
 
     if (wg == 0) {
         // Producer warpgroup: warps 1-3 prepare each item (its rows and queries into the
@@ -1029,11 +1034,9 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
         } else {
             u32 n = 0;  // steps so far
             for (;; ++m) {
-                const u32 slot = m & 1;
-                const WgItem& it = items[slot];
-                mbar_wait(smem_addr(&q_full[slot]), (m >> 1) & 1);
-                const u32 i = it.index;
+                const u32 i = wait_item(m);
                 if (i >= n_items) break;
+                const WgItem& it = items[m & 1];
                 const Work w = wg_work(p, i);
                 const u32 seq = it.seq;
                 u32 kb, ke;
@@ -1064,11 +1067,10 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
         u32 n = 0, m = 0;
         Work last{};
         for (;; ++m) {
+            const u32 i = wait_item(m);
+            if (i >= n_items) break;
             const u32 slot = m & 1;
             const WgItem& it = items[slot];
-            mbar_wait(smem_addr(&q_full[slot]), (m >> 1) & 1);
-            const u32 i = it.index;
-            if (i >= n_items) break;
             const Work w = wg_work(p, i);
             fence_async_shared();
             const u32 seq = it.seq;
