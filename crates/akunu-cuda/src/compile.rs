@@ -178,6 +178,9 @@ pub struct Compiled {
     pub image: Vec<u8>,
     /// Whether it came from the disk cache.
     pub cached: bool,
+    /// NVRTC's log of a successful compile: ptxas notes such as wgmma serialisation (empty
+    /// when cached).
+    pub log: String,
 }
 
 /// Compiles (or loads from the cache) the module for `key`.
@@ -196,11 +199,12 @@ pub fn compile(key: &ModuleKey) -> Result<Compiled, CudaError> {
                 return Ok(Compiled {
                     image,
                     cached: true,
+                    log: String::new(),
                 });
             }
         }
     }
-    let image = nvrtc_cubin(&key.file, &src, &options)?;
+    let (image, log) = nvrtc_cubin(&key.file, &src, &options)?;
     if let Some(p) = &path {
         // A cache that cannot be written only costs the compile again next time.
         if let Some(dir) = p.parent() {
@@ -215,10 +219,12 @@ pub fn compile(key: &ModuleKey) -> Result<Compiled, CudaError> {
     Ok(Compiled {
         image,
         cached: false,
+        log,
     })
 }
 
-fn nvrtc_cubin(file: &str, src: &str, options: &[String]) -> Result<Vec<u8>, CudaError> {
+/// The cubin and the compile's log.
+fn nvrtc_cubin(file: &str, src: &str, options: &[String]) -> Result<(Vec<u8>, String), CudaError> {
     use cudarc::nvrtc::sys;
     let err = |log: String| CudaError::Compile {
         file: file.into(),
@@ -249,12 +255,12 @@ fn nvrtc_cubin(file: &str, src: &str, options: &[String]) -> Result<Vec<u8>, Cud
             return Err(err(format!("nvrtcCreateProgram: {r:?}")));
         }
         let r = sys::nvrtcCompileProgram(prog, opt_ptrs.len() as i32, opt_ptrs.as_ptr());
+        let mut n = 0usize;
+        sys::nvrtcGetProgramLogSize(prog, &mut n);
+        let mut log = vec![0 as c_char; n.max(1)];
+        sys::nvrtcGetProgramLog(prog, log.as_mut_ptr());
+        let log = CStr::from_ptr(log.as_ptr()).to_string_lossy().into_owned();
         let result = if r != ok {
-            let mut n = 0usize;
-            sys::nvrtcGetProgramLogSize(prog, &mut n);
-            let mut log = vec![0 as c_char; n.max(1)];
-            sys::nvrtcGetProgramLog(prog, log.as_mut_ptr());
-            let log = CStr::from_ptr(log.as_ptr()).to_string_lossy().into_owned();
             Err(err(format!("{r:?} with {}\n{log}", options.join(" "))))
         } else {
             let mut n = 0usize;
@@ -267,7 +273,7 @@ fn nvrtc_cubin(file: &str, src: &str, options: &[String]) -> Result<Vec<u8>, Cud
                 if r != ok {
                     Err(err(format!("nvrtcGetCUBIN: {r:?}")))
                 } else {
-                    Ok(image)
+                    Ok((image, log))
                 }
             }
         };
