@@ -438,6 +438,7 @@ __device__ __forceinline__ float mask_scores(const FlashParams& p, float (&s)[MT
         // the hot loop's code stays small. Bit i of `seen` is score i in (m, nt, e) order.
         constexpr int N = MT * KN / 2;
         static_assert(N <= 64, "one bit per score of the thread");
+        static_assert(MT <= 2, "row masks picked for at most two row tiles");
         u64 seen = 0;
 #pragma unroll 1
         for (int i = 0; i < N; ++i) {

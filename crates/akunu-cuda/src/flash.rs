@@ -477,8 +477,6 @@ impl FlashKernels {
         }
     }
 
-    /// Byte offsets (past the counters) of the partial log-sum-exps and the partial rows, and
-    /// the total; the tile list comes first.
     /// Tensor maps of the K and V caches for `flash_prefill_wg`'s tensor copies: each cache as
     /// a tensor (head dim, position, KV head, sequence), copied in boxes of 64 elements by
     /// `WG_KEYS` positions. None where the layout rules them out (a base or a stride that is
@@ -510,6 +508,8 @@ impl FlashKernels {
         Ok(k.zip(v))
     }
 
+    /// Byte offsets (past the counters) of the partial log-sum-exps and the partial rows, and
+    /// the total; the tile list comes first.
     fn layout(&self, a: &FlashArgs, l: &Launch) -> (usize, usize, usize) {
         let tiles = (l.tiles.len() * 4).next_multiple_of(256);
         let rows = a.n_tokens * a.n_head;

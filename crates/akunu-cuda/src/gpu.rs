@@ -146,8 +146,8 @@ impl Gpu {
     ) -> Result<TensorMap, CudaError> {
         let mut map = sys::CUtensorMap { opaque: [0; 16] };
         let unit = [1u32; 4];
-        // SAFETY: the map is aligned as the driver requires and the arrays hold the rank's entries; the
-        // driver only encodes them (no memory at `base` is touched here).
+        // SAFETY: the map is aligned as the driver requires and the arrays hold the rank's
+        // entries; the driver only encodes them (no memory at `base` is touched here).
         let r = unsafe {
             sys::cuTensorMapEncodeTiled(
                 &mut map,
