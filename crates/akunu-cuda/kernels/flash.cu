@@ -274,27 +274,42 @@ template <int BM, int THREADS, bool WG = false>
 __device__ __forceinline__ void load_q(const FlashParams& p, u32 base, const int* row_tok,
                                        const int* row_head, int tid) {
     constexpr int CH = D / 8;
+#if Q_F32
+    // f32 queries are rounded to 16 bits on the way. Each pass reads two chunks as float4
+    // pairs, four loads in flight: enough for wgmma prefill's preparing warps, which have few
+    // registers (one chunk at a time left them waiting on each load).
+    const auto src = [&](int i) -> const float4* {
+        const int r = i / CH, t = row_tok[r];
+        return t >= 0 ? (const float4*)((const float*)p.q + t * p.q_tok + row_head[r] * p.q_head + i % CH * 8)
+                      : nullptr;
+    };
+    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int i = tid; i < BM * CH; i += 2 * THREADS) {
+        float4 lo[2], hi[2];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const float4* q = i + k * THREADS < BM * CH ? src(i + k * THREADS) : nullptr;
+            lo[k] = q ? q[0] : zero;
+            hi[k] = q ? q[1] : zero;
+        }
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const int j = i + k * THREADS;
+            if (j >= BM * CH) break;
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(base + tile_at<WG, QROW, BM>(j / CH, j % CH)),
+                         "r"(pack2(lo[k].x, lo[k].y)), "r"(pack2(lo[k].z, lo[k].w)), "r"(pack2(hi[k].x, hi[k].y)),
+                         "r"(pack2(hi[k].z, hi[k].w))
+                         : "memory");
+        }
+    }
+#else
     for (int i = tid; i < BM * CH; i += THREADS) {
         const int r = i / CH, c = i % CH;
         const int t = row_tok[r];
-        const u32 dst = base + tile_at<WG, QROW, BM>(r, c);
-#if Q_F32
-        uint4 h = make_uint4(0, 0, 0, 0);
-        if (t >= 0) {
-            const float* src = (const float*)p.q + t * p.q_tok + row_head[r] * p.q_head + c * 8;
-            h.x = pack2(src[0], src[1]);
-            h.y = pack2(src[2], src[3]);
-            h.z = pack2(src[4], src[5]);
-            h.w = pack2(src[6], src[7]);
-        }
-        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(h.x), "r"(h.y),
-                     "r"(h.z), "r"(h.w)
-                     : "memory");
-#else
         const u16* src = (const u16*)p.q + (t >= 0 ? t * p.q_tok + row_head[r] * p.q_head + c * 8 : 0);
-        cp_async16(dst, src, t >= 0 ? 16 : 0);
-#endif
+        cp_async16(base + tile_at<WG, QROW, BM>(r, c), src, t >= 0 ? 16 : 0);
     }
+#endif
 }
 
 // KEYS rows of CH 16-byte chunks from `src` (row stride `stride` elements) into a swizzled tile

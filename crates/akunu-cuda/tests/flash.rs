@@ -843,5 +843,16 @@ fn bad_arguments_are_errors() {
     });
     assert!(run(&a).is_err(), "RoPE in attention with f16 queries");
     run(&u.args).unwrap();
+    // f32 queries are read 16 bytes at a time.
+    let k32 = kernels(&gpu, FlashDtype::F16, 128, 128, true);
+    let up32 = upload(&gpu, &p, k32.config(), false);
+    let run32 = |a: &FlashArgs| k32.run(&gpu, a, Queries::PerToken, 8, &scratch);
+    let mut a = up32.args;
+    a.q += 4;
+    assert!(run32(&a).is_err(), "f32 query rows off 16-byte boundaries");
+    let mut a = up32.args;
+    a.q_stride[1] = 130;
+    assert!(run32(&a).is_err(), "f32 query head stride of 130");
+    run32(&up32.args).unwrap();
     gpu.sync().unwrap();
 }
