@@ -409,20 +409,26 @@ __device__ __forceinline__ void dump_tile(float* dst, const float (&s)[KN / 8][4
 }
 #endif
 
-// A step's scores, -inf where masked (the per-element mask only where some row of the warp
-// does not see the whole step), soft-capped into the log2 domain where asked for. Returns the
-// factor that takes them to the log2 domain: the scale, folded into softmax_probs' exponent,
-// or 1 after soft-capping.
+// Whether every row of the warp sees all KN keys from k0 by its key range alone (no segments,
+// no tree mask), so that the step's scores need no mask.
 template <int KN, int MT>
-__device__ __forceinline__ float mask_scores(const FlashParams& p, float (&s)[MT][KN / 8][4],
-                                            const RowMask (&rm)[MT][2], u32 k0, u32 seq, int lane) {
+__device__ __forceinline__ bool whole_step(const FlashParams& p, const RowMask (&rm)[MT][2], u32 k0) {
     bool whole = !p.q_seg && !p.tree_mask;
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
         for (int i = 0; i < 2; ++i)
             whole = whole && (!rm[m][i].valid() || (k0 >= rm[m][i].lo && k0 + KN <= rm[m][i].hi));
-    whole = __all_sync(0xffffffffu, whole);
+    return __all_sync(0xffffffffu, whole);
+}
+
+// A step's scores, -inf where masked (the per-element mask only where the step is not `whole`
+// for the warp, whole_step), soft-capped into the log2 domain where asked for. Returns the
+// factor that takes them to the log2 domain: the scale, folded into softmax_probs' exponent,
+// or 1 after soft-capping.
+template <int KN, int MT>
+__device__ __forceinline__ float mask_scores(const FlashParams& p, float (&s)[MT][KN / 8][4],
+                                            const RowMask (&rm)[MT][2], u32 k0, u32 seq, int lane, bool whole) {
     // Uniform branches outside the element loops, so the common path is straight-line code.
     float unit = p.scale * FLASH_LOG2E;
     if (p.softcap > 0.f) {
@@ -477,7 +483,11 @@ __device__ __forceinline__ float mask_scores(const FlashParams& p, float (&s)[MT
 // domain: running maxima, the scores turned into probabilities and added to the row sums, and
 // in `corr` the factors the output must be rescaled by (all ones when the function returns
 // true, so the rescale can be skipped).
-template <int KN, int MT>
+//
+// With SLACK > 0 a row keeps its maximum until a step's scores exceed it by more than SLACK
+// (log2 units; FA4's lazy rescale): the probabilities then stay below 2^SLACK, and the output
+// and sum, scaled alike, need rescaling only on the rare steps that move the maximum that far.
+template <int KN, int MT, int SLACK = 0>
 __device__ __forceinline__ bool softmax_probs(WarpState (&st)[MT], float (&s)[MT][KN / 8][4], float (&corr)[MT][2],
                                               float unit) {
     float use_max[MT][2];
@@ -490,8 +500,9 @@ __device__ __forceinline__ bool softmax_probs(WarpState (&st)[MT], float (&s)[MT
 #pragma unroll
             for (int nt = 0; nt < KN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[m][nt][2 * i], s[m][nt][2 * i + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            mx = fmaxf(st[m].row_max[i], mx * unit);
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2)) * unit;
+            if constexpr (SLACK > 0) mx = mx > st[m].row_max[i] + (float)SLACK ? mx : st[m].row_max[i];
+            else mx = fmaxf(st[m].row_max[i], mx);
             corr[m][i] = mx == st[m].row_max[i] || mx == FLASH_NEG_INF ? 1.f : exp2f(st[m].row_max[i] - mx);
             same = same && corr[m][i] == 1.f;
             st[m].row_max[i] = mx;
@@ -567,7 +578,7 @@ __device__ __forceinline__ void attend(const FlashParams& p, WarpState (&st)[MT]
         }
     }
 
-    const float unit = mask_scores<KN, MT>(p, s, rm, k0, seq, lane);
+    const float unit = mask_scores<KN, MT>(p, s, rm, k0, seq, lane, whole_step<KN, MT>(p, rm, k0));
 #ifdef FLASH_DEBUG
     if (dbg) dump_tile<KN>(dbg, s[0], unit * FLASH_LN2, lane);
 #endif
@@ -858,8 +869,10 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
 //   consumers are done with it);
 // - two consumer warpgroups of 64 rows each. Step j issues S_j = Q K_j^T and then
 //   O += P_{j-1} V_{j-1} (P from registers), waits for S_j, runs flash_prefill's masking and
-//   online softmax, waits for P_{j-1} V_{j-1}, rescales O and packs P_j. K_j is released after
-//   S_j, V_j a step later.
+//   online softmax (with lagging maxima, WG_SLACK, so that few steps rescale O), waits for
+//   P_{j-1} V_{j-1}, rescales O where a maximum moved and packs P_j. K_j is released after
+//   S_j, V_j a step later. Whether a step needs masks comes from the keys all of a warp's rows
+//   see, found once per item.
 // The consumers take turns to issue their products (FA3's ping-pong: named barriers
 // WG_TURN + w, "warpgroup w may issue"), so one warpgroup's softmax runs while the tensor cores
 // work on the other's products. ptxas moves the wait for P_{j-1} V_{j-1} above the softmax
@@ -869,6 +882,8 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
 // registers to the consumers (setmaxnreg).
 constexpr int WG_BN = 128;
 constexpr int WG_STAGES = 2;
+// The rows' maxima lag by up to 2^8 (softmax_probs): the output is rescaled on few steps.
+constexpr int WG_SLACK = 8;
 // The block starts with 168 registers a thread (384 threads, one block per SM). The consumers'
 // increase takes exactly what the producers release, (168 - 40) * 128 = (232 - 168) * 256: a
 // larger producer budget leaves setmaxnreg.inc waiting for registers forever.
@@ -904,8 +919,9 @@ __device__ __forceinline__ void wg_pv(float (&d)[N / 8][4], const u32 (&a)[4], u
 // O += P V for one step's probabilities `a` and V tile at vs (issued, not waited for).
 template <int BN_>
 __device__ __forceinline__ void wg_issue_pv(WarpState& st, const u32 (&a)[BN_ / 16][4], u32 vs) {
+    const u64 vd = wgmma_desc(vs, BN_ * 128, 1024);
 #pragma unroll
-    for (int kk = 0; kk < BN_ / 16; ++kk) wg_pv<DV>(st.o, a[kk], wgmma_desc(vs + kk * 16 * 128, BN_ * 128, 1024));
+    for (int kk = 0; kk < BN_ / 16; ++kk) wg_pv<DV>(st.o, a[kk], wgmma_desc_at(vd, kk * 16 * 128));
 }
 
 // The phase parity of step j's use of its ring slot (its (j / WG_STAGES)-th use).
@@ -1005,7 +1021,8 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
     const auto q_tile = [&](u32 slot) { return base + slot * Q_BYTES; };
     const auto k_tile = [&](u32 n) { return base + 2 * Q_BYTES + n % WG_STAGES * K_BYTES; };
     const auto v_tile = [&](u32 n) { return base + 2 * Q_BYTES + WG_STAGES * K_BYTES + n % WG_STAGES * V_BYTES; };
-    const auto bar = [&](u64* b, int ring, u32 n) { return smem_addr(&b[ring * WG_STAGES + n % WG_STAGES]); };
+    const u32 full_at = smem_addr(full), empty_at = smem_addr(empty);
+    const auto bar = [&](u32 ring_bars, int ring, u32 n) { return ring_bars + 8 * (ring * WG_STAGES + n % WG_STAGES); };
     // The m-th item, once the preparing warps filled its slot (n_items when none is left).
     const auto wait_item = [&](u32 m) {
         mbar_wait(smem_addr(&q_full[m & 1]), (m >> 1) & 1);
@@ -1061,10 +1078,10 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
                 const u16* kg = p.k + seq * p.k_seq + g * p.k_head;
                 const u16* vg = p.v + seq * p.v_seq + g * p.v_head;
                 for (u32 k0 = kb; k0 < ke; k0 += BN_, ++n) {
-                    if (n >= WG_STAGES) mbar_wait(bar(empty, 0, n), ring_parity(n) ^ 1);
-                    wg_load_tile<D / 8, KROW>(p, p.tma_k, k_tile(n), kg, p.k_pos, k0, ke, g, seq, bar(full, 0, n), lane);
-                    if (n >= WG_STAGES) mbar_wait(bar(empty, 1, n), ring_parity(n) ^ 1);
-                    wg_load_tile<DV / 8, VROW>(p, p.tma_v, v_tile(n), vg, p.v_pos, k0, ke, g, seq, bar(full, 1, n), lane);
+                    if (n >= WG_STAGES) mbar_wait(bar(empty_at, 0, n), ring_parity(n) ^ 1);
+                    wg_load_tile<D / 8, KROW>(p, p.tma_k, k_tile(n), kg, p.k_pos, k0, ke, g, seq, bar(full_at, 0, n), lane);
+                    if (n >= WG_STAGES) mbar_wait(bar(empty_at, 1, n), ring_parity(n) ^ 1);
+                    wg_load_tile<DV / 8, VROW>(p, p.tma_v, v_tile(n), vg, p.v_pos, k0, ke, g, seq, bar(full_at, 1, n), lane);
                 }
             }
         }
@@ -1093,10 +1110,21 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
             RowMask rm[1][2];
 #pragma unroll
             for (int r = 0; r < 2; ++r) rm[0][r] = row_mask(p, it.row_tok[rows[0][r]], it.kv_len);
+            // The keys every row of the warp sees (whole_step once per item, not per step).
+            u32 see_lo = 0, see_hi = ~0u;
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+                if (rm[0][r].valid()) {
+                    see_lo = max(see_lo, rm[0][r].lo);
+                    see_hi = min(see_hi, rm[0][r].hi);
+                }
+            see_lo = __reduce_max_sync(0xffffffffu, see_lo);
+            see_hi = __reduce_min_sync(0xffffffffu, see_hi);
+            const bool by_range = !p.q_seg && !p.tree_mask;
             u32 kb, ke;
             split_slice(p.n_split, w.z, it.range[0], it.range[1], BN_, kb, ke);
             const int steps = (int)((ke - kb + BN_ - 1) / BN_);
-            const u32 q_at = q_tile(slot) + q_rows;
+            const u64 q_desc = wgmma_desc(q_tile(slot) + q_rows, 16, 1024);
 
             WarpState st[1];
             st[0].init();
@@ -1106,24 +1134,24 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
             for (int j = 0; j < steps; ++j, ++n) {
                 // cp.async writes through the generic proxy, wgmma reads through the async one
                 // (as tensor copies write).
-                mbar_wait(bar(full, 0, n), ring_parity(n));
+                mbar_wait(bar(full_at, 0, n), ring_parity(n));
                 if (!wg_by_tma(p, kb + j * BN_, ke)) fence_async_shared();
                 wg_take_turn(cw);
-                const u32 ks = k_tile(n);
+                const u64 k_desc = wgmma_desc(k_tile(n), 16, 1024);
                 float s[1][BN_ / 8][4];
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < D / 16; ++kk) {
                     const u32 col = kk >> 2, within = (kk & 3) * 32u;
-                    wg_qk<BN_>(s[0], wgmma_desc(q_at + col * BM * 128 + within, 16, 1024),
-                               wgmma_desc(ks + col * BN_ * 128 + within, 16, 1024), kk > 0);
+                    wg_qk<BN_>(s[0], wgmma_desc_at(q_desc, col * BM * 128 + within),
+                               wgmma_desc_at(k_desc, col * BN_ * 128 + within), kk > 0);
                 }
                 wgmma_commit();
                 // The turn passes before the waits. ptxas keeps the wgmmas pipelined only while
                 // each wait sits in the branch that issued the group (a wait after the branches
                 // join serialises every wgmma of the kernel).
                 if (j > 0) {
-                    mbar_wait(bar(full, 1, n - 1), ring_parity(n - 1));
+                    mbar_wait(bar(full_at, 1, n - 1), ring_parity(n - 1));
                     if (!wg_by_tma(p, kb + (j - 1) * BN_, ke)) fence_async_shared();
                     wg_issue_pv<BN_>(st[0], a, v_tile(n - 1));
                     wgmma_commit();
@@ -1134,27 +1162,29 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
                     wgmma_wait<0>();
                 }
                 wgmma_fence_regs(s[0]);
-                if (lane == 0) mbar_arrive(bar(empty, 0, n));
+                if (lane == 0) mbar_arrive(bar(empty_at, 0, n));
 
-                const float unit = mask_scores<BN_, 1>(p, s, rm, kb + j * BN_, seq, lane);
+                const u32 k0 = kb + j * BN_;
+                const bool whole = by_range && k0 >= see_lo && k0 + BN_ <= see_hi;
+                const float unit = mask_scores<BN_, 1>(p, s, rm, k0, seq, lane, whole);
                 float corr[1][2];
-                const bool same = softmax_probs<BN_, 1>(st, s, corr, unit);
+                const bool same = softmax_probs<BN_, 1, WG_SLACK>(st, s, corr, unit);
                 wgmma_wait<0>();
                 wgmma_fence_regs(st[0].o);
-                if (j > 0 && lane == 0) mbar_arrive(bar(empty, 1, n - 1));
+                if (j > 0 && lane == 0) mbar_arrive(bar(empty_at, 1, n - 1));
                 rescale_out<1>(st, corr, same);
 #pragma unroll
                 for (int kk = 0; kk < BN_ / 16; ++kk) prob_frag<BN_>(s[0], kk, a[kk]);
             }
             if (steps > 0) {
-                mbar_wait(bar(full, 1, n - 1), ring_parity(n - 1));
+                mbar_wait(bar(full_at, 1, n - 1), ring_parity(n - 1));
                 if (!wg_by_tma(p, kb + (steps - 1) * BN_, ke)) fence_async_shared();
                 wgmma_fence();
                 wg_issue_pv<BN_>(st[0], a, v_tile(n - 1));
                 wgmma_commit();
                 wgmma_wait<0>();
                 wgmma_fence_regs(st[0].o);
-                if (lane == 0) mbar_arrive(bar(empty, 1, n - 1));
+                if (lane == 0) mbar_arrive(bar(empty_at, 1, n - 1));
             }
 
             store_rows<1>(p, w.z, st, rows, it.row_tok, it.row_head, lane);

@@ -24,6 +24,11 @@ __device__ __forceinline__ u64 wgmma_desc(u32 addr, u32 lbo, u32 sbo) {
            ((u64)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
 }
 
+// The descriptor of the operand `bytes` past descriptor d's: its start address, in 16-byte
+// units in the low 14 bits, takes the offset without carrying out while the operand lies in
+// the 256 KiB that shared memory addresses span. A loop's descriptors are then one add each.
+__device__ __forceinline__ u64 wgmma_desc_at(u64 d, u32 bytes) { return d + (bytes >> 4); }
+
 // Before the first wgmma that reads registers written by ordinary instructions.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
