@@ -525,6 +525,42 @@ __device__ __forceinline__ bool softmax_probs(WarpState (&st)[MT], float (&s)[MT
     return __all_sync(0xffffffffu, same);
 }
 
+// A step's probabilities under the rows' current maxima (lazy rescale, SLACK > 0), where no
+// score of the warp's rows exceeds its row's maximum by more than SLACK: then true, s holds the
+// probabilities and the row sums grew by them. The test needs only each thread's own maxima
+// (a tree) and a vote, not the rows' maxima across the quad, so the exponentials start sooner
+// than softmax_probs'. Otherwise false, with s and the sums untouched.
+template <int KN, int SLACK>
+__device__ __forceinline__ bool lazy_probs(WarpState& st, float (&s)[KN / 8][4], float unit) {
+    static_assert(SLACK > 0, "maxima that lag");
+    bool over = false;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        float v[KN / 8];
+#pragma unroll
+        for (int nt = 0; nt < KN / 8; ++nt) v[nt] = fmaxf(s[nt][2 * i], s[nt][2 * i + 1]);
+#pragma unroll
+        for (int w = KN / 16; w > 0; w /= 2)
+#pragma unroll
+            for (int k = 0; k < KN / 16; ++k)
+                if (k < w) v[k] = fmaxf(v[k], v[k + w]);
+        over = over || v[0] * unit > st.row_max[i] + (float)SLACK;
+    }
+    if (__any_sync(0xffffffffu, over)) return false;
+    // A row without a maximum yet has only masked scores so far, and here too.
+    const float base[2] = {st.row_max[0] == FLASH_NEG_INF ? 0.f : st.row_max[0],
+                           st.row_max[1] == FLASH_NEG_INF ? 0.f : st.row_max[1]};
+#pragma unroll
+    for (int nt = 0; nt < KN / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float pr = exp2f(fmaf(s[nt][e], unit, -base[e >> 1]));
+            s[nt][e] = pr;
+            st.row_sum[e >> 1] += pr;
+        }
+    return true;
+}
+
 // The output rows times the step's rescale factors (softmax_probs), unless they are all ones.
 template <int MT>
 __device__ __forceinline__ void rescale_out(WarpState (&st)[MT], const float (&corr)[MT][2], bool same) {
@@ -869,17 +905,18 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
 //   consumers are done with it);
 // - two consumer warpgroups of 64 rows each. Step j issues S_j = Q K_j^T and then
 //   O += P_{j-1} V_{j-1} (P from registers), waits for S_j, runs flash_prefill's masking and
-//   online softmax (with lagging maxima, WG_SLACK, so that few steps rescale O), waits for
-//   P_{j-1} V_{j-1}, rescales O where a maximum moved and packs P_j. K_j is released after
-//   S_j, V_j a step later. Whether a step needs masks comes from the keys all of a warp's rows
-//   see, found once per item.
+//   online softmax, waits for P_{j-1} V_{j-1}, rescales O where a maximum moved and packs P_j.
+//   The rows' maxima lag by up to WG_SLACK: a step whose scores stay under them (lazy_probs,
+//   nearly all) needs neither the rows' maxima across the quad nor a rescale. Whether a step
+//   needs masks comes from the keys all of a warp's rows see, found once per item. K_j is
+//   released after S_j, V_j a step later.
 // The consumers take turns to issue their products (FA3's ping-pong: named barriers
 // WG_TURN + w, "warpgroup w may issue"), so one warpgroup's softmax runs while the tensor cores
-// work on the other's products. ptxas moves the wait for P_{j-1} V_{j-1} above the softmax
-// (the SASS shows it), so a warpgroup cannot hide its softmax behind its own products; without
-// turns both warpgroups wait for the same K tile, issue together and then both leave the tensor
-// cores idle during their softmax. No block-wide barrier in the loop. The producer gives its
-// registers to the consumers (setmaxnreg).
+// work on the other's products; without turns both warpgroups wait for the same K tile, issue
+// together and then both leave the tensor cores idle during their softmax. (The wait for
+// P_{j-1} V_{j-1} now follows the softmax in the SASS; with the softmax in one block, ptxas
+// moved it above, and moving it by hand did not pay.) No block-wide barrier in the loop. The
+// producer gives its registers to the consumers (setmaxnreg).
 constexpr int WG_BN = 128;
 constexpr int WG_STAGES = 2;
 // The rows' maxima lag by up to 2^8 (softmax_probs): the output is rescaled on few steps.
@@ -1167,8 +1204,9 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
                 const u32 k0 = kb + j * BN_;
                 const bool whole = by_range && k0 >= see_lo && k0 + BN_ <= see_hi;
                 const float unit = mask_scores<BN_, 1>(p, s, rm, k0, seq, lane, whole);
-                float corr[1][2];
-                const bool same = softmax_probs<BN_, 1, WG_SLACK>(st, s, corr, unit);
+                float corr[1][2] = {{1.f, 1.f}};
+                const bool same = lazy_probs<BN_, WG_SLACK>(st[0], s[0], unit) ||
+                                  softmax_probs<BN_, 1, WG_SLACK>(st, s, corr, unit);
                 wgmma_wait<0>();
                 wgmma_fence_regs(st[0].o);
                 if (j > 0 && lane == 0) mbar_arrive(bar(empty_at, 1, n - 1));
