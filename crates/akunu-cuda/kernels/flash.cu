@@ -479,86 +479,77 @@ __device__ __forceinline__ float mask_scores(const FlashParams& p, float (&s)[MT
     return unit;
 }
 
+// How far (log2 units) the kernels let a row's running maximum lag behind its scores: the
+// probabilities stay below 2^8, and the output is rescaled on few steps.
+constexpr int SOFTMAX_SLACK = 8;
+
 // The online-softmax update of a step whose scores times `unit` (positive) are in the log2
 // domain: running maxima, the scores turned into probabilities and added to the row sums, and
 // in `corr` the factors the output must be rescaled by (all ones when the function returns
 // true, so the rescale can be skipped).
 //
-// With SLACK > 0 a row keeps its maximum until a step's scores exceed it by more than SLACK
-// (log2 units; FA4's lazy rescale): the probabilities then stay below 2^SLACK, and the output
-// and sum, scaled alike, need rescaling only on the rare steps that move the maximum that far.
-template <int KN, int MT, int SLACK = 0>
+// A row keeps its maximum until a step's scores exceed it by more than SLACK (FA4's lazy
+// rescale; SLACK = 0 is the exact update): the probabilities stay below 2^SLACK, and the
+// output and sum, scaled alike, need rescaling only on the rare steps that move a maximum that
+// far. Each thread first reduces its own scores' maxima (a tree) and the warp votes whether any
+// exceeds its row's maximum plus SLACK; only then do the rows' maxima cross the quad and the
+// factors follow. With SLACK > 0 nearly every step skips that part.
+template <int KN, int MT, int SLACK>
 __device__ __forceinline__ bool softmax_probs(WarpState (&st)[MT], float (&s)[MT][KN / 8][4], float (&corr)[MT][2],
                                               float unit) {
-    float use_max[MT][2];
-    bool same = true;
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            float mx = FLASH_NEG_INF;
-#pragma unroll
-            for (int nt = 0; nt < KN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[m][nt][2 * i], s[m][nt][2 * i + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2)) * unit;
-            if constexpr (SLACK > 0) mx = mx > st[m].row_max[i] + (float)SLACK ? mx : st[m].row_max[i];
-            else mx = fmaxf(st[m].row_max[i], mx);
-            corr[m][i] = mx == st[m].row_max[i] || mx == FLASH_NEG_INF ? 1.f : exp2f(st[m].row_max[i] - mx);
-            same = same && corr[m][i] == 1.f;
-            st[m].row_max[i] = mx;
-            use_max[m][i] = mx == FLASH_NEG_INF ? 0.f : mx;
-            st[m].row_sum[i] *= corr[m][i];
-        }
-    }
+    float mx[MT][2];
+    bool over = false;
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
-        for (int nt = 0; nt < KN / 8; ++nt) {
+        for (int i = 0; i < 2; ++i) {
+            float v[KN / 8];
+#pragma unroll
+            for (int nt = 0; nt < KN / 8; ++nt) v[nt] = fmaxf(s[m][nt][2 * i], s[m][nt][2 * i + 1]);
+#pragma unroll
+            for (int w = KN / 16; w > 0; w /= 2)
+#pragma unroll
+                for (int k = 0; k < KN / 16; ++k)
+                    if (k < w) v[k] = fmaxf(v[k], v[k + w]);
+            mx[m][i] = v[0] * unit;
+            over = over || mx[m][i] > st[m].row_max[i] + (float)SLACK;
+            corr[m][i] = 1.f;
+        }
+    bool same = true;
+    if (__any_sync(0xffffffffu, over)) {
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                float r = fmaxf(mx[m][i], __shfl_xor_sync(0xffffffffu, mx[m][i], 1));
+                r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, 2));
+                const float old = st[m].row_max[i];
+                if (r > old + (float)SLACK) {
+                    corr[m][i] = exp2f(old - r);
+                    st[m].row_max[i] = r;
+                    st[m].row_sum[i] *= corr[m][i];
+                }
+            }
+        // Once the maxima settle, most steps leave them unchanged.
+#pragma unroll
+        for (int m = 0; m < MT; ++m) same = same && corr[m][0] == 1.f && corr[m][1] == 1.f;
+        same = __all_sync(0xffffffffu, same);
+    }
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+        // A row without a maximum yet has only masked scores so far.
+        const float base[2] = {st[m].row_max[0] == FLASH_NEG_INF ? 0.f : st[m].row_max[0],
+                               st[m].row_max[1] == FLASH_NEG_INF ? 0.f : st[m].row_max[1]};
+#pragma unroll
+        for (int nt = 0; nt < KN / 8; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const float pr = exp2f(fmaf(s[m][nt][e], unit, -use_max[m][e >> 1]));
+                const float pr = exp2f(fmaf(s[m][nt][e], unit, -base[e >> 1]));
                 s[m][nt][e] = pr;
                 st[m].row_sum[e >> 1] += pr;
             }
-        }
-    // Once the maxima settle, most steps leave them unchanged.
-    return __all_sync(0xffffffffu, same);
-}
-
-// A step's probabilities under the rows' current maxima (lazy rescale, SLACK > 0), where no
-// score of the warp's rows exceeds its row's maximum by more than SLACK: then true, s holds the
-// probabilities and the row sums grew by them. The test needs only each thread's own maxima
-// (a tree) and a vote, not the rows' maxima across the quad, so the exponentials start sooner
-// than softmax_probs'. Otherwise false, with s and the sums untouched.
-template <int KN, int SLACK>
-__device__ __forceinline__ bool lazy_probs(WarpState& st, float (&s)[KN / 8][4], float unit) {
-    static_assert(SLACK > 0, "maxima that lag");
-    bool over = false;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        float v[KN / 8];
-#pragma unroll
-        for (int nt = 0; nt < KN / 8; ++nt) v[nt] = fmaxf(s[nt][2 * i], s[nt][2 * i + 1]);
-#pragma unroll
-        for (int w = KN / 16; w > 0; w /= 2)
-#pragma unroll
-            for (int k = 0; k < KN / 16; ++k)
-                if (k < w) v[k] = fmaxf(v[k], v[k + w]);
-        over = over || v[0] * unit > st.row_max[i] + (float)SLACK;
     }
-    if (__any_sync(0xffffffffu, over)) return false;
-    // A row without a maximum yet has only masked scores so far, and here too.
-    const float base[2] = {st.row_max[0] == FLASH_NEG_INF ? 0.f : st.row_max[0],
-                           st.row_max[1] == FLASH_NEG_INF ? 0.f : st.row_max[1]};
-#pragma unroll
-    for (int nt = 0; nt < KN / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const float pr = exp2f(fmaf(s[nt][e], unit, -base[e >> 1]));
-            s[nt][e] = pr;
-            st.row_sum[e >> 1] += pr;
-        }
-    return true;
+    return same;
 }
 
 // The output rows times the step's rescale factors (softmax_probs), unless they are all ones.
@@ -619,7 +610,12 @@ __device__ __forceinline__ void attend(const FlashParams& p, WarpState (&st)[MT]
     if (dbg) dump_tile<KN>(dbg, s[0], unit * FLASH_LN2, lane);
 #endif
     float corr[MT][2];
-    const bool same = softmax_probs<KN, MT>(st, s, corr, unit);
+#ifdef FLASH_DEBUG
+    // The dumps hold the running maxima, compared with the reference's exact ones.
+    const bool same = softmax_probs<KN, MT, 0>(st, s, corr, unit);
+#else
+    const bool same = softmax_probs<KN, MT, SOFTMAX_SLACK>(st, s, corr, unit);
+#endif
     rescale_out<MT>(st, corr, same);
 
 #pragma unroll
@@ -906,8 +902,8 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
 // - two consumer warpgroups of 64 rows each. Step j issues S_j = Q K_j^T and then
 //   O += P_{j-1} V_{j-1} (P from registers), waits for S_j, runs flash_prefill's masking and
 //   online softmax, waits for P_{j-1} V_{j-1}, rescales O where a maximum moved and packs P_j.
-//   The rows' maxima lag by up to WG_SLACK: a step whose scores stay under them (lazy_probs,
-//   nearly all) needs neither the rows' maxima across the quad nor a rescale. Whether a step
+//   The rows' maxima lag by up to SOFTMAX_SLACK (softmax_probs): nearly every step needs
+//   neither the rows' maxima across the quad nor a rescale. Whether a step
 //   needs masks comes from the keys all of a warp's rows see, found once per item. K_j is
 //   released after S_j, V_j a step later.
 // The consumers take turns to issue their products (FA3's ping-pong: named barriers
@@ -919,8 +915,6 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
 // producer gives its registers to the consumers (setmaxnreg).
 constexpr int WG_BN = 128;
 constexpr int WG_STAGES = 2;
-// The rows' maxima lag by up to 2^8 (softmax_probs): the output is rescaled on few steps.
-constexpr int WG_SLACK = 8;
 // The block starts with 168 registers a thread (384 threads, one block per SM). The consumers'
 // increase takes exactly what the producers release, (168 - 40) * 128 = (232 - 168) * 256: a
 // larger producer budget leaves setmaxnreg.inc waiting for registers forever.
@@ -1204,9 +1198,8 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
                 const u32 k0 = kb + j * BN_;
                 const bool whole = by_range && k0 >= see_lo && k0 + BN_ <= see_hi;
                 const float unit = mask_scores<BN_, 1>(p, s, rm, k0, seq, lane, whole);
-                float corr[1][2] = {{1.f, 1.f}};
-                const bool same = lazy_probs<BN_, WG_SLACK>(st[0], s[0], unit) ||
-                                  softmax_probs<BN_, 1, WG_SLACK>(st, s, corr, unit);
+                float corr[1][2];
+                const bool same = softmax_probs<BN_, 1, SOFTMAX_SLACK>(st, s, corr, unit);
                 wgmma_wait<0>();
                 wgmma_fence_regs(st[0].o);
                 if (j > 0 && lane == 0) mbar_arrive(bar(empty_at, 1, n - 1));
