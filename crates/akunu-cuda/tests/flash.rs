@@ -39,6 +39,9 @@ struct Case {
     /// Every KV head reads the same K and V rows (a head stride of zero), which rules out the
     /// tensor copies of wgmma prefill: its whole tiles then load with cp.async too.
     shared_kv_heads: bool,
+    /// Key rows scaled by 1 + position / 64: each tile's scores outgrow the rows' running
+    /// maxima by more than the kernels let a maximum lag, so the outputs are rescaled often.
+    growing_keys: bool,
 }
 
 impl Case {
@@ -58,6 +61,7 @@ impl Case {
             masked_rows: false,
             per_token: false,
             shared_kv_heads: false,
+            growing_keys: false,
         }
     }
 }
@@ -101,6 +105,14 @@ fn problem(c: &Case, dtype: FlashDtype, seed: u64) -> Problem {
     let q = vals(n_tokens * c.n_head * c.d, &mut rng);
     let mut k = vals(n_seq * c.n_kv * n_ctx * c.d, &mut rng);
     let mut v = vals(n_seq * c.n_kv * n_ctx * c.dv, &mut rng);
+    if c.growing_keys {
+        for (row, chunk) in k.chunks_mut(c.d).enumerate() {
+            let scale = 1.0 + (row % n_ctx) as f32 / 64.0;
+            for x in chunk {
+                *x = round(*x * scale, dtype);
+            }
+        }
+    }
     if c.shared_kv_heads {
         // What the kernels read through a zero head stride: head 0's rows for every head.
         for (x, d) in [(&mut k, c.d), (&mut v, c.dv)] {
@@ -406,6 +418,31 @@ fn prefill_every_head_size_and_group() {
                 seed += 1;
             }
         }
+    }
+}
+
+#[test]
+fn scores_that_outgrow_the_running_maxima() {
+    let Some(gpu) = common::gpu() else { return };
+    for (dtype, d, f32_io) in [
+        (FlashDtype::Bf16, 64, false),
+        (FlashDtype::Bf16, 128, false),
+        (FlashDtype::F16, 128, true),
+        (FlashDtype::F16, 256, true),
+        (FlashDtype::F16, 32, true),
+    ] {
+        let k = kernels(&gpu, dtype, d, d, f32_io);
+        for causal in [true, false] {
+            let mut c = Case::new(d, 8, 2, &[300, 77], &[0, 1000]);
+            c.causal = causal;
+            c.growing_keys = true;
+            check(&gpu, &k, &c, 1100 + d as u64);
+        }
+        // Decode, split over the keys.
+        let mut c = Case::new(d, 8, 2, &[1, 1], &[3000, 700]);
+        c.per_token = true;
+        c.growing_keys = true;
+        check(&gpu, &k, &c, 1200 + d as u64);
     }
 }
 
