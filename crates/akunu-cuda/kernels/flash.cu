@@ -903,9 +903,9 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
 //   O += P_{j-1} V_{j-1} (P from registers), waits for S_j, runs flash_prefill's masking and
 //   online softmax, waits for P_{j-1} V_{j-1}, rescales O where a maximum moved and packs P_j.
 //   The rows' maxima lag by up to SOFTMAX_SLACK (softmax_probs): nearly every step needs
-//   neither the rows' maxima across the quad nor a rescale. Whether a step
-//   needs masks comes from the keys all of a warp's rows see, found once per item. K_j is
-//   released after S_j, V_j a step later.
+//   neither the rows' maxima across the quad nor a rescale. Whether a step needs masks comes
+//   from the keys all of a warp's rows see, found once per item. K_j is released after S_j,
+//   V_j a step later.
 // The consumers take turns to issue their products (FA3's ping-pong: named barriers
 // WG_TURN + w, "warpgroup w may issue"), so one warpgroup's softmax runs while the tensor cores
 // work on the other's products; without turns both warpgroups wait for the same K tile, issue
