@@ -1141,7 +1141,8 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
             RowMask rm[1][2];
 #pragma unroll
             for (int r = 0; r < 2; ++r) rm[0][r] = row_mask(p, it.row_tok[rows[0][r]], it.kv_len);
-            // The keys every row of the warp sees (whole_step once per item, not per step).
+            // The keys every row of the warp sees: whole_step's test once per item, not per step
+            // (per step, its vote cost 1-2 % at head size 128 and 7 % at 64).
             u32 see_lo = 0, see_hi = ~0u;
 #pragma unroll
             for (int r = 0; r < 2; ++r)
