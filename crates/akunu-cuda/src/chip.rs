@@ -26,6 +26,10 @@ pub struct ChipConfig {
     pub first_chain: usize,
     /// Warps per block of the GEMV kernels (a power of two, at most 8).
     pub gemv_warps: usize,
+    /// Warps per block of the single-token products whose rows are at most one chunk per lane
+    /// (1,024 values of the 32-value types): measured faster at 8 than 4 on qwen3-0.6b
+    /// (docs/perf/2026-11-23-narrow-products.md). 0: `gemv_warps`.
+    pub gemv_narrow_warps: usize,
     /// Warps per SM a GEMV launch aims for: with fewer row groups than that, each row's
     /// columns are split over up to `gemv_warps` warps (0: never split).
     pub gemv_fill_warps: usize,
@@ -141,6 +145,7 @@ impl ChipConfig {
             gemv_warps: env_override("gemv_warps", 4)
                 .clamp(1, 8)
                 .next_power_of_two(),
+            gemv_narrow_warps: env_override("gemv_narrow_warps", 8),
             gemv_fill_warps: env_override("gemv_fill_warps", 8),
             gemv_parts: env_override("gemv_parts", 3).clamp(1, crate::matmul::MAX_PARTS),
             gemv_early_loads: env_override("gemv_early_loads", 1) != 0,

@@ -307,6 +307,9 @@ pub struct MatmulKernels {
     quantize: Option<Kernel>,
     /// Warps per block of the products (a power of two).
     warps: u32,
+    /// Warps per block of the single-token products over rows of at most one chunk per lane
+    /// ([`MatmulKernels::block_warps`]).
+    narrow_warps: u32,
     /// Warps a product's grid should have before it splits rows' columns over warps.
     fill_warps: usize,
     /// Products of one input that share a launch in [`gemv_many`].
@@ -387,22 +390,39 @@ impl MatmulKernels {
             types: out,
             quantize,
             warps: 0,
+            narrow_warps: 0,
             fill_warps: 0,
             parts: gpu.chip.gemv_parts,
             early: gpu.chip.gemv_early_loads,
             cap: GridCap::Waves(gpu.chip.gemv_waves),
         };
         let fill = gpu.chip.sm_count * gpu.chip.gemv_fill_warps;
-        Ok(kernels.with_split(gpu.chip.gemv_warps, fill))
+        let mut kernels = kernels.with_split(gpu.chip.gemv_warps, fill);
+        if gpu.chip.gemv_narrow_warps > 0 {
+            kernels.narrow_warps = block_warps(gpu.chip.gemv_narrow_warps);
+        }
+        Ok(kernels)
     }
 
     /// The same kernels launched in blocks of `warps` (rounded up to a power of two, at most 8)
     /// that split rows' columns while a grid has fewer than `fill_warps` warps in all (0: never
     /// split; `usize::MAX`: split as far as the block and the row length allow).
     pub fn with_split(mut self, warps: usize, fill_warps: usize) -> MatmulKernels {
-        self.warps = warps.clamp(1, 8).next_power_of_two() as u32;
+        self.warps = block_warps(warps);
+        self.narrow_warps = self.warps;
         self.fill_warps = fill_warps;
         self
+    }
+
+    /// Warps per block of a product of `cols`-wide rows of type `ty` in batch variant `m`: the
+    /// chip config's `gemv_narrow_warps` for single-token products whose rows are at most one
+    /// chunk per lane, else `gemv_warps`.
+    fn block_warps(&self, ty: GgmlType, m: usize, cols: usize) -> u32 {
+        if m == 1 && cols <= 32 * chunk_values(ty) {
+            self.narrow_warps
+        } else {
+            self.warps
+        }
     }
 
     /// The same kernels with the streamed products' grid capped at `cap`.
@@ -411,17 +431,18 @@ impl MatmulKernels {
         self
     }
 
-    /// The kernel and grid of a product of `blocks` blocks in batch variant `v` with `ks` warps
-    /// per row group: the split entry, the streamed m = 1 entry on the capped grid, or the
-    /// variant's entry with a block per row group.
+    /// The kernel and grid of a product of `blocks` blocks of `warps` warps in batch variant `v`
+    /// with `ks` warps per row group: the split entry, the streamed m = 1 entry on the capped
+    /// grid, or the variant's entry with a block per row group (`entries`: the split entry and
+    /// the variants' entries).
     fn launch_shape<'a>(
         &self,
         gpu: &Gpu,
-        split: &'a Kernel,
-        variants: &'a [Kernel],
+        (split, variants): (&'a Kernel, &'a [Kernel]),
         v: usize,
         ks: usize,
         blocks: usize,
+        warps: u32,
     ) -> Result<(&'a Kernel, usize), CudaError> {
         if ks > 1 {
             return Ok((split, blocks));
@@ -429,7 +450,7 @@ impl MatmulKernels {
         let k = &variants[v];
         let cap = match (v, self.cap) {
             (0, GridCap::Waves(w)) if w > 0 => {
-                w * gpu.chip.sm_count * gpu.blocks_per_sm(k, 32 * self.warps, 0)?
+                w * gpu.chip.sm_count * gpu.blocks_per_sm(k, 32 * warps, 0)?
             }
             (0, GridCap::Blocks(b)) => b,
             _ => blocks,
@@ -480,6 +501,11 @@ fn rows_per_warp(ty: GgmlType, m: usize) -> usize {
         4 | 8 => 4,
         _ => 2,
     }
+}
+
+/// `warps` as a block size of the product kernels: a power of two up to 8.
+fn block_warps(warps: usize) -> u32 {
+    warps.clamp(1, 8).next_power_of_two() as u32
 }
 
 /// Values per chunk, the unit a lane loads (`CV` in `kernels/gemv.cu`).
@@ -930,7 +956,8 @@ fn launch_gemv(
     let tk = k.of(ty)?;
     let v = variant(m);
     let nr = rows_per_warp(ty, M_VARIANTS[v]);
-    let warps = k.warps as usize;
+    let cols = parts[0].w.cols;
+    let warps = k.block_warps(ty, M_VARIANTS[v], cols) as usize;
     let mut params = GemvParams::zeroed();
     let mut groups = 0;
     for (i, p) in parts.iter().enumerate() {
@@ -942,7 +969,6 @@ fn launch_gemv(
         params.part[i] = GemvPart::of(p);
         groups += p.w.rows.div_ceil(nr);
     }
-    let cols = parts[0].w.cols;
     let ks = ksplit(ty, M_VARIANTS[v], groups, cols, warps, k.fill_warps);
     let rows_per_block = warps / ks * nr;
     let mut blocks = 0;
@@ -957,11 +983,12 @@ fn launch_gemv(
     params.parts = parts.len() as i32;
     params.early = k.early as i32;
     params.blocks = blocks as i32;
-    let (kernel, grid) = k.launch_shape(gpu, &tk.gemv_split, &tk.gemv, v, ks, blocks)?;
+    let (kernel, grid) =
+        k.launch_shape(gpu, (&tk.gemv_split, &tk.gemv), v, ks, blocks, warps as u32)?;
     gpu.launch_with(
         kernel,
         (grid as u32, 1, 1),
-        (32 * k.warps, 1, 1),
+        (32 * warps as u32, 1, 1),
         0,
         &params,
     )
@@ -1242,7 +1269,7 @@ pub fn gemv_gated(
     let v = variant(m);
     let [data, aux, rows, cols] = w_gate.args();
     let [data2, aux2, _, _] = w_up.args();
-    let warps = k.warps as usize;
+    let warps = k.block_warps(w_gate.ty, M_VARIANTS[v], w_gate.cols) as usize;
     let ks = ksplit(
         w_gate.ty,
         M_VARIANTS[v],
@@ -1252,11 +1279,18 @@ pub fn gemv_gated(
         k.fill_warps,
     );
     let blocks = w_gate.rows.div_ceil(warps / ks);
-    let (kernel, grid) = k.launch_shape(gpu, &tk.gated_split, &tk.gated, v, ks, blocks)?;
+    let (kernel, grid) = k.launch_shape(
+        gpu,
+        (&tk.gated_split, &tk.gated),
+        v,
+        ks,
+        blocks,
+        warps as u32,
+    )?;
     gpu.launch(
         kernel,
         (grid as u32, 1, 1),
-        (32 * k.warps, 1, 1),
+        (32 * warps as u32, 1, 1),
         0,
         &[
             data,
