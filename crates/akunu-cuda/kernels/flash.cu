@@ -583,11 +583,18 @@ template <int KN, int MT, bool QREGS>
 __device__ __forceinline__ void attend(const FlashParams& p, WarpState (&st)[MT], const QTile<QREGS> (&q)[MT],
                                        u32 ks, u32 vs, u32 k0, const RowMask (&rm)[MT][2], u32 seq, int lane,
                                        float* dbg) {
-    float s[MT][KN / 8][4];
+    // The scores' MMAs form MT * KN / 8 chains, each D / 16 long. With fewer than four (decode:
+    // one row tile, 16 keys) a warp, alone on its scheduler, waits out each link: the odd
+    // head-dim steps then accumulate apart (s2) and are added at the end, halving the chains'
+    // length (decode at 4K keys +0.9 % tg on qwen3-0.6b, docs/perf/2026-11-23-narrow-products.md).
+    constexpr bool TWO_CHAINS = MT * KN / 8 < 4;
+    float s[MT][KN / 8][4], s2[KN / 8][4];
 #pragma unroll
-    for (int m = 0; m < MT; ++m)
+    for (int i = 0; i < KN / 8; ++i) {
 #pragma unroll
-        for (int i = 0; i < KN / 8; ++i) s[m][i][0] = s[m][i][1] = s[m][i][2] = s[m][i][3] = 0.f;
+        for (int m = 0; m < MT; ++m) s[m][i][0] = s[m][i][1] = s[m][i][2] = s[m][i][3] = 0.f;
+        s2[i][0] = s2[i][1] = s2[i][2] = s2[i][3] = 0.f;
+    }
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
         u32 a[MT][4];
@@ -599,10 +606,17 @@ __device__ __forceinline__ void attend(const FlashParams& p, WarpState (&st)[MT]
             ldsm_x4(b, ks + fswz(KROW, np * 16 + (lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1)));
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-                mma(s[m][2 * np], a[m], b[0], b[1]);
-                mma(s[m][2 * np + 1], a[m], b[2], b[3]);
+                float(&acc)[KN / 8][4] = TWO_CHAINS && (kk & 1) ? s2 : s[m];
+                mma(acc[2 * np], a[m], b[0], b[1]);
+                mma(acc[2 * np + 1], a[m], b[2], b[3]);
             }
         }
+    }
+    if constexpr (TWO_CHAINS) {
+#pragma unroll
+        for (int i = 0; i < KN / 8; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[0][i][e] += s2[i][e];
     }
 
     const float unit = mask_scores<KN, MT>(p, s, rm, k0, seq, lane, whole_step<KN, MT>(p, rm, k0));
