@@ -588,13 +588,7 @@ __device__ __forceinline__ void attend(const FlashParams& p, WarpState (&st)[MT]
     // head-dim steps then accumulate apart (s2) and are added at the end, halving the chains'
     // length (decode at 4K keys +0.9 % tg on qwen3-0.6b, docs/perf/2026-11-23-narrow-products.md).
     constexpr bool TWO_CHAINS = MT * KN / 8 < 4;
-    float s[MT][KN / 8][4], s2[KN / 8][4];
-#pragma unroll
-    for (int i = 0; i < KN / 8; ++i) {
-#pragma unroll
-        for (int m = 0; m < MT; ++m) s[m][i][0] = s[m][i][1] = s[m][i][2] = s[m][i][3] = 0.f;
-        s2[i][0] = s2[i][1] = s2[i][2] = s2[i][3] = 0.f;
-    }
+    float s[MT][KN / 8][4] = {}, s2[KN / 8][4] = {};
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
         u32 a[MT][4];
