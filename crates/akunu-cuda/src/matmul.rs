@@ -399,7 +399,7 @@ impl MatmulKernels {
         let fill = gpu.chip.sm_count * gpu.chip.gemv_fill_warps;
         let mut kernels = kernels.with_split(gpu.chip.gemv_warps, fill);
         if gpu.chip.gemv_narrow_warps > 0 {
-            kernels.narrow_warps = block_warps(gpu.chip.gemv_narrow_warps);
+            kernels.narrow_warps = round_block_warps(gpu.chip.gemv_narrow_warps);
         }
         Ok(kernels)
     }
@@ -408,7 +408,7 @@ impl MatmulKernels {
     /// that split rows' columns while a grid has fewer than `fill_warps` warps in all (0: never
     /// split; `usize::MAX`: split as far as the block and the row length allow).
     pub fn with_split(mut self, warps: usize, fill_warps: usize) -> MatmulKernels {
-        self.warps = block_warps(warps);
+        self.warps = round_block_warps(warps);
         self.narrow_warps = self.warps;
         self.fill_warps = fill_warps;
         self
@@ -504,7 +504,7 @@ fn rows_per_warp(ty: GgmlType, m: usize) -> usize {
 }
 
 /// `warps` as a block size of the product kernels: a power of two up to 8.
-fn block_warps(warps: usize) -> u32 {
+fn round_block_warps(warps: usize) -> u32 {
     warps.clamp(1, 8).next_power_of_two() as u32
 }
 
