@@ -731,14 +731,19 @@ __device__ __forceinline__ bool sync_threads_or(bool v) {
 // get here merges their rows into the output and re-arms the tile's counter (for the next
 // launch, a graph replay included). One pass over the splits, rescaling as the maximum grows;
 // UNROLL splits' loads are in flight together (each round is an L2 round trip).
+// One thread counts the split with an acquire-release atomic after the barrier, which orders
+// the block's stores before the count and the merge's loads after it. A fence in every thread
+// before and after cost about 1 % of a small model's decode at 4K keys, where this chain ends
+// every layer's attention (docs/perf/2026-11-23-split-merge.md).
 template <int BM, int THREADS, int BAR = 0, int UNROLL = 8>
 __device__ void merge_splits(const FlashParams& p, u32 n_split, const Work& w, const int* row_tok,
                              const int* row_head, int tid) {
     const u32 slot = w.x * w.heads + w.y;
-    __threadfence();
     sync_threads<THREADS, BAR>();
-    if (!sync_threads_or<THREADS, BAR>(tid == 0 && atomicAdd(&p.counters[slot], 1u) == n_split - 1)) return;
-    __threadfence();
+    u32 done = 0;
+    if (tid == 0)
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(done) : "l"(p.counters + slot) : "memory");
+    if (!sync_threads_or<THREADS, BAR>(tid == 0 && done == n_split - 1)) return;
     const u64 stride = (u64)p.n_tokens * p.n_head;
     constexpr int C4 = DV / 4;
     for (int i = tid; i < BM * C4; i += THREADS) {
