@@ -1400,18 +1400,25 @@ struct DecodeRope {
 };
 
 // Decode and short batches: one token's group (16 rows) per block, four warps each streaming a
-// contiguous quarter of the block's keys through its own ring. Grid (tokens, n_head_kv,
-// splits); dynamic shared memory: the Q tile and each warp's ring.
+// contiguous quarter of the block's keys through its own ring. With TURNS, a slice of at least
+// eight steps a warp (the host's TURN_KEYS) goes to the warps by turns instead (warp w takes
+// steps w, w + 4, ...), so the block's tiles in flight are consecutive keys: DRAM then serves
+// fewer, longer runs (batch 8 at 8K keys 4-9 % faster); on short slices the quarters measured
+// faster. The host launches flash_decode_turns only where the launch's slices can be that long,
+// so other launches run no extra instruction (docs/perf/2026-11-23-split-merge.md).
+// Grid (tokens, n_head_kv, splits); dynamic shared memory: the Q tile and each warp's ring.
 // The tile's rows, key ranges and split are worked out before waiting for the predecessor
 // (dependent launch) from q_seq, kv_len and q_pos: those must come from an earlier launch or
 // copy, never the kernel just before. With RoPE fused (DecodeRope) the rotation's angles and
 // the first stored keys are requested before that wait too.
-extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams p) {
+template <bool TURNS>
+__device__ __forceinline__ void decode(const FlashParams& p) {
     constexpr int BM = 16, THREADS = 32 * DEC_WARPS;
     constexpr u32 Q_BYTES = BM * QROW;
-    extern __shared__ __align__(128) u8 smem[];
+    extern __shared__ __align__(128) u8 dec_smem[];
     __shared__ int row_tok[BM], row_head[BM];
     __shared__ u32 block_range[2];
+    u8* smem = dec_smem;
     const u32 base = smem_addr(smem);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
@@ -1439,12 +1446,16 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
     split_slice(n_split, work.z, block_range[0], block_range[1], STEP_KEYS, kb, ke);
 #ifdef FLASH_DEBUG
     // Every key to the first warp, so its dump is the state over consecutive steps.
+    const bool turns = false;
     const u32 wb = warp == 0 ? kb : ke, we = ke;
 #else
     const u32 per_warp = (ke - kb + STEP_KEYS - 1) / STEP_KEYS * DEC_KEYS;
-    const u32 wb = min(ke, kb + warp * per_warp), we = min(ke, wb + per_warp);
+    const bool turns = TURNS && ke - kb >= 8 * STEP_KEYS;
+    const u32 wb = min(ke, kb + warp * (turns ? DEC_KEYS : per_warp));
+    const u32 we = turns ? ke : min(ke, wb + per_warp);
 #endif
-    const int steps = (int)((we - wb + DEC_KEYS - 1) / DEC_KEYS);
+    const u32 wstep = turns ? STEP_KEYS : DEC_KEYS;
+    const int steps = (int)(turns ? (we - wb + STEP_KEYS - 1) / STEP_KEYS : (we - wb + DEC_KEYS - 1) / DEC_KEYS);
     const RowMask rm[1][2] = {{row_mask(p, row_tok[lane >> 2], kv_len), row_mask(p, row_tok[(lane >> 2) + 8], kv_len)}};
 
     const u32 g = work.y % p.n_head_kv;
@@ -1459,7 +1470,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
         ring.stored = min(we, pos);
         rope.angles(p, pos, freq);
 #pragma unroll
-        for (int s = 0; s < DEC_STAGES - 1; ++s) ring.fill(p, s, wb + s * DEC_KEYS, lane);
+        for (int s = 0; s < DEC_STAGES - 1; ++s) ring.fill(p, s, wb + s * wstep, lane);
         pdl_begin();
         __syncthreads();  // the angles
         rope.prepare(p, base, row_tok, row_head, t0, g, warp, lane, wq, wk);
@@ -1471,7 +1482,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
         load_q<BM, THREADS>(p, base, row_tok, row_head, tid);
         cp_async_commit();
 #pragma unroll
-        for (int s = 0; s < DEC_STAGES - 1; ++s) ring.fill(p, s, wb + s * DEC_KEYS, lane);
+        for (int s = 0; s < DEC_STAGES - 1; ++s) ring.fill(p, s, wb + s * wstep, lane);
         cp_async_wait<DEC_STAGES - 1>();  // the queries
         __syncthreads();
     }
@@ -1483,7 +1494,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
     st[0].init();
     for (int it = 0; it < steps; ++it) {
         const int ahead = it + DEC_STAGES - 1;
-        ring.fill(p, ahead % DEC_STAGES, wb + ahead * DEC_KEYS, lane);
+        ring.fill(p, ahead % DEC_STAGES, wb + ahead * wstep, lane);
         ring.wait();
         float* dbg = nullptr;
 #ifdef FLASH_DEBUG
@@ -1491,7 +1502,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
             dbg = p.debug + (u64)it * debug_step_floats<DEC_KEYS>();
 #endif
         const int stage = it % DEC_STAGES;
-        const u32 k0 = wb + it * DEC_KEYS;
+        const u32 k0 = wb + it * wstep;
         if (fused && pos >= k0 && pos - k0 < DEC_KEYS && pos < we) {
             rope.patch(ring.k(stage), ring.v(stage), pos - k0, lane);
             __syncwarp();
@@ -1564,3 +1575,6 @@ extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams
     // launch: twice prefill's loads per round.
     if (partial) merge_splits<BM, THREADS, 0, 16>(p, n_split, work, row_tok, row_head, tid);
 }
+
+extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams p) { decode<false>(p); }
+extern "C" __global__ void __launch_bounds__(128) flash_decode_turns(const FlashParams p) { decode<true>(p); }

@@ -7,6 +7,8 @@
 //!
 //! - `flash_decode` (16 rows, four warps each streaming a quarter of the keys) when every
 //!   token is its own tile and a token's query heads fit 16 rows: decode and short batches.
+//!   Where the launch's slices can reach 512 keys, `flash_decode_turns`, whose warps take
+//!   a long slice's steps by turns, so a block's loads in flight are consecutive keys.
 //!   Nothing is read from the host per call, so a captured graph replays as positions advance:
 //!   each split finds its slice of the keys from the token's position on the device. Decode is
 //!   bound by memory, so it splits the keys until every resident block slot of the GPU works.
@@ -43,6 +45,9 @@ const DECODE_ROWS: usize = 16;
 const DECODE_KEYS: usize = 16;
 const DECODE_WARPS: usize = 4;
 const DECODE_STAGES: usize = 3;
+/// Slices of at least this many keys may go to a decode block's warps by turns
+/// (`flash_decode_turns`): eight steps a warp.
+const TURN_KEYS: usize = 8 * DECODE_WARPS * DECODE_KEYS;
 const PREFILL_STAGES: usize = 2;
 /// Both `mma.sync` kernels run four warps.
 const THREADS: u32 = 128;
@@ -387,6 +392,8 @@ struct Launch {
     n_tiles: usize,
     chunks: usize,
     splits: usize,
+    /// Decode whose slices can be long enough for `flash_decode_turns`.
+    turns: bool,
 }
 
 pub struct FlashKernels {
@@ -395,6 +402,8 @@ pub struct FlashKernels {
     /// `flash_prefill_wg`, where the GPU and the head sizes allow.
     prefill_wg: Option<Kernel>,
     decode: Kernel,
+    /// `flash_decode` whose warps take a long slice's steps by turns.
+    decode_turns: Kernel,
     sm_count: usize,
     /// Decode blocks resident per SM (shared memory and registers allow).
     decode_per_sm: usize,
@@ -424,8 +433,9 @@ impl FlashKernels {
         let defines = cfg.defines();
         let prefill = gpu.kernel("flash.cu", "flash_prefill", &defines)?;
         let decode = gpu.kernel("flash.cu", "flash_decode", &defines)?;
+        let decode_turns = gpu.kernel("flash.cu", "flash_decode_turns", &defines)?;
         let limit = gpu.chip.smem_per_block;
-        for (k, is_decode) in [(&prefill, false), (&decode, true)] {
+        for (k, is_decode) in [(&prefill, false), (&decode, true), (&decode_turns, true)] {
             let smem = cfg.smem(is_decode);
             if smem > limit {
                 return Err(bad(format!(
@@ -450,6 +460,7 @@ impl FlashKernels {
             prefill,
             prefill_wg,
             decode,
+            decode_turns,
             sm_count: gpu.chip.sm_count,
             decode_per_sm,
         })
@@ -608,6 +619,7 @@ impl FlashKernels {
             n_tiles,
             chunks,
             splits,
+            turns: decode && max_kv.div_ceil(splits) >= TURN_KEYS,
         })
     }
 
@@ -826,7 +838,14 @@ impl FlashKernels {
             return Err(bad(format!("{} KV heads", a.n_head_kv)));
         }
         let (kernel, threads, smem, grid) = match (l.decode, &self.prefill_wg) {
-            (true, _) => (&self.decode, THREADS, self.cfg.smem(true), grid),
+            (true, _) => {
+                let k = if l.turns {
+                    &self.decode_turns
+                } else {
+                    &self.decode
+                };
+                (k, THREADS, self.cfg.smem(true), grid)
+            }
             (false, Some(wg)) => {
                 // Up to one block per SM, each taking (tile, head chunk, split) items in turn;
                 // with split-KV one item per block (the kernel merges after its item loop).

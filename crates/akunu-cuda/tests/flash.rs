@@ -499,6 +499,10 @@ fn decode_with_split_kv() {
         let mut c = Case::new(d, 4, 1, &[1], &[20_000]);
         c.per_token = true;
         check(&gpu, &k, &c, 500);
+        // The same on eight KV heads: fewer, longer splits, whose warps take the steps by turns.
+        let mut c = Case::new(d, 32, 8, &[1], &[20_000]);
+        c.per_token = true;
+        check(&gpu, &k, &c, 600);
     }
 }
 
@@ -689,6 +693,19 @@ fn decode_with_rope_and_kv_store_fused() {
                 seed += 10;
             }
         }
+        // Long splits, whose warps take the steps by turns: the new key lands in one of them.
+        let c = RopeCase {
+            n_head: 32,
+            n_kv: 8,
+            d,
+            n_rot: d,
+            style: RopeStyle::Normal,
+            qk_norm: true,
+            stored: vec![20_000, 3],
+            window: None,
+        };
+        check_rope_fused(&gpu, &layers, &k, &c, seed);
+        seed += 10;
     }
 }
 
