@@ -1455,6 +1455,8 @@ __device__ __forceinline__ void decode(const FlashParams& p) {
     const u32 we = turns ? ke : min(ke, wb + per_warp);
 #endif
     const u32 wstep = turns ? STEP_KEYS : DEC_KEYS;
+    // Two divisions by constants, not one by wstep: a division by a run-time value on every
+    // block's start cost short decode steps measurably (docs/perf/2026-11-23-split-merge.md).
     const int steps = (int)(turns ? (we - wb + STEP_KEYS - 1) / STEP_KEYS : (we - wb + DEC_KEYS - 1) / DEC_KEYS);
     const RowMask rm[1][2] = {{row_mask(p, row_tok[lane >> 2], kv_len), row_mask(p, row_tok[(lane >> 2) + 8], kv_len)}};
 

@@ -7,8 +7,9 @@
 //!
 //! - `flash_decode` (16 rows, four warps each streaming a quarter of the keys) when every
 //!   token is its own tile and a token's query heads fit 16 rows: decode and short batches.
-//!   Where the launch's slices can reach 512 keys, `flash_decode_turns`, whose warps take
-//!   a long slice's steps by turns, so a block's loads in flight are consecutive keys.
+//!   Where the keys a launch plans for over its split count reach 512, `flash_decode_turns`,
+//!   whose warps take a long slice's steps by turns, so a block's loads in flight are
+//!   consecutive keys.
 //!   Nothing is read from the host per call, so a captured graph replays as positions advance:
 //!   each split finds its slice of the keys from the token's position on the device. Decode is
 //!   bound by memory, so it splits the keys until every resident block slot of the GPU works.
@@ -392,7 +393,8 @@ struct Launch {
     n_tiles: usize,
     chunks: usize,
     splits: usize,
-    /// Decode whose slices can be long enough for `flash_decode_turns`.
+    /// Decode whose planned keys per split (`max_kv` over the splits) reach [`TURN_KEYS`]:
+    /// launched as `flash_decode_turns`.
     turns: bool,
 }
 
