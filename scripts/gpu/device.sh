@@ -89,7 +89,7 @@ if [[ $stages == *agree* ]]; then
   AKUNU_GPU_MODELS=$m "$B/test-backend" --test-threads 1 --nocapture > "$LOGS/agree-test-backend.log" 2>&1
   rc=$?; row "e2e $(basename "$m") vs CPU: $([ $rc = 0 ] && echo pass || echo FAIL)"
   ppl() { "$B/akunu" perplexity -m "$m" -f "$G/ppl.txt" -c 512 --chunks 5 "$@" 2>/dev/null | grep -o 'PPL = [0-9.]*' | cut -d' ' -f3; }
-  row "perplexity $(basename "$m") -c 512: CPU $(ppl --n-gpu-layers 0 -t 16), GPU $(ppl), GPU -b 16 $(ppl -b 16)"
+  row "perplexity $(basename "$m") -c 512: CPU $(ppl --n-gpu-layers 0 -t 16), GPU $(ppl --device cuda), GPU -b 16 $(ppl --device cuda -b 16)"
 fi
 if [[ $stages == *profile* ]]; then
   wait $synth_pid
@@ -106,7 +106,7 @@ if [[ $stages == *bench* ]]; then
   row "|---|---|---|---|---|---|---|"
   for spec in $models; do
     m=/tmp/models/${spec%%:*}-${spec##*:}.gguf
-    "$B/akunu" bench -m "$m" -p 512 -n 128 -r 3 -o md > "$LOGS/akunu-bench-$(basename $m).md" 2>"$LOGS/akunu-bench-$(basename $m).err"
+    "$B/akunu" bench -m "$m" -p 512 -n 128 -r 3 --device cuda -o md > "$LOGS/akunu-bench-$(basename $m).md" 2>"$LOGS/akunu-bench-$(basename $m).err"
     bash "$G/llamacpp-peer.sh" bench "$m" > "$LOGS/llamacpp-bench-$(basename $m).md" 2>&1
     a_pp=$(grep pp512 "$LOGS/akunu-bench-$(basename $m).md" | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
     a_tg=$(grep tg128 "$LOGS/akunu-bench-$(basename $m).md" | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
@@ -147,7 +147,7 @@ if [[ " $stages " == *" ncu-decode "* ]]; then
   for spec in $models; do
     m=/tmp/models/${spec%%:*}-${spec##*:}.gguf
     ncu --metrics gpu__time_duration.sum --csv ${NCU_CONTROL:---clock-control none --cache-control none} --launch-skip ${NCU_SKIP:-3000} --launch-count ${NCU_COUNT:-800} \
-      "$B/akunu" bench -m "$m" -p 0 -n 128 -r 1 --no-warmup 2> "$LOGS/ncu-decode-${spec%%:*}.err" \
+      "$B/akunu" bench -m "$m" -p 0 -n 128 -r 1 --no-warmup --device cuda 2> "$LOGS/ncu-decode-${spec%%:*}.err" \
       | python3 scripts/gpu/ncu_table.py embed > "$OUT/ncu-decode-${spec%%:*}-${spec##*:}.md" 2>&1
     row "ncu decode $spec: $(tail -1 "$OUT/ncu-decode-${spec%%:*}-${spec##*:}.md")"
   done

@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use crate::device::AnyBackend;
+use crate::device::{AnyBackend, Device};
 use akunu_core::session::Logits;
 use akunu_core::Backend;
 use akunu_core::{Model, Session};
@@ -67,6 +67,10 @@ pub struct BenchArgs {
     /// model on the GPU (the default when one can be used).
     #[arg(long = "n-gpu-layers", value_name = "N", allow_negative_numbers = true)]
     pub n_gpu_layers: Vec<String>,
+    /// Where to run: auto (the GPU when one can be used), cpu or cuda. With cuda, a GPU that
+    /// cannot be used is an error rather than a run on the CPU.
+    #[arg(long, value_enum, default_value_t = Device::Auto)]
+    pub device: Device,
     /// on|off|auto. Accepted for compatibility and reported; each backend has one attention
     /// path (flash attention on the GPU).
     #[arg(
@@ -235,7 +239,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             threads: Some(inst.n_threads),
             batch_size: inst.n_ubatch.min(inst.n_batch),
             n_gpu_layers: Some(inst.n_gpu_layers),
-            device: crate::device::Device::Auto,
+            device: args.device,
         };
         let loaded = engine::load(&paths[inst.model], &engine_args, 1)?;
         let gpu_info = loaded.session.backend().gpu_name().unwrap_or_default();

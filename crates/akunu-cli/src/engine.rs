@@ -158,7 +158,8 @@ pub fn load(path: &Path, args: &EngineArgs, n_slots: usize) -> Result<Loaded> {
         bail!("-b must be at least 1");
     }
     let device = match (args.n_gpu_layers, args.device) {
-        (Some(0), Device::Auto) => Device::Cpu,
+        (Some(0), Device::Cuda) => bail!("-ngl 0 runs on the CPU, which contradicts --device cuda"),
+        (Some(0), _) => Device::Cpu,
         (_, d) => d,
     };
     let backend = device::open(

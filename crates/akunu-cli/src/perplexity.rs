@@ -20,6 +20,7 @@ use akunu_tokenizer::EncodeOptions;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
+use crate::device::Device;
 use crate::engine::{self, EngineArgs};
 use crate::ModelArg;
 
@@ -50,6 +51,10 @@ pub struct PerplexityArgs {
     /// the GPU (the default when one can be used).
     #[arg(long = "n-gpu-layers", value_name = "N", allow_negative_numbers = true)]
     pub n_gpu_layers: Option<i64>,
+    /// Where to run: auto (the GPU when one can be used), cpu or cuda. With cuda, a GPU that
+    /// cannot be used is an error rather than a run on the CPU.
+    #[arg(long, value_enum, default_value_t = Device::Auto)]
+    pub device: Device,
     /// on|off|auto. Accepted for compatibility; each backend has one attention path (flash
     /// attention on the GPU).
     #[arg(long = "flash-attn", value_name = "MODE")]
@@ -75,7 +80,7 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
         threads: args.threads,
         batch_size: args.batch_size,
         n_gpu_layers: args.n_gpu_layers,
-        device: crate::device::Device::Auto,
+        device: args.device,
     };
     let threads = args.threads.unwrap_or_else(engine::default_threads);
     let loaded = engine::load(&path, &engine_args, 1)?;

@@ -162,6 +162,42 @@ fn bench_markdown_table() {
     );
 }
 
+/// `--device cuda` either runs on a GPU or fails saying why: it never falls back to the CPU.
+#[test]
+fn bench_on_cuda_never_falls_back_to_the_cpu() {
+    let Some(model) = akunu_testutil::model() else {
+        return;
+    };
+    let m = model.to_str().unwrap();
+    let bench = |extra: &[&str]| {
+        let mut args = vec![
+            "bench", m, "-p", "8", "-n", "0", "-r", "1", "--device", "cuda",
+        ];
+        args.extend_from_slice(extra);
+        akunu(&args)
+    };
+    let out = bench(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
+        let table = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            table.contains(" CUDA ") && !table.contains(" CPU "),
+            "{table}"
+        );
+    } else {
+        assert!(err.contains("CUDA backend: "), "{err}");
+    }
+    assert!(!err.contains("running on the CPU"), "{err}");
+
+    let out = bench(&["-ngl", "0"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("-ngl 0 runs on the CPU, which contradicts --device cuda"),
+        "{err}"
+    );
+}
+
 #[test]
 fn perplexity_is_finite_and_independent_of_threads() {
     let Some(model) = akunu_testutil::model() else {
