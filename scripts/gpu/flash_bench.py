@@ -68,6 +68,7 @@ SHAPES = [
     prefill(4, 32, 2048, 128, True),
     prefill(1, 32, 16384, 128, True),
     prefill(1, 32, 8192, 64, True),
+    prefill(1, 16, 4096, 256, True),
     decode(1, 32, 8, 4096, 128),
     decode(1, 32, 8, 32768, 128),
     decode(1, 32, 8, 131072, 128),

@@ -901,12 +901,14 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
     if (p.n_split > 1) merge_splits<BM, THREADS>(p, p.n_split, w, row_tok, row_head, tid);
 }
 
-#if defined(AKUNU_WGMMA) && (HEAD_DIM == 64 || HEAD_DIM == 128) && HEAD_DIM_V == HEAD_DIM && !defined(FLASH_DEBUG)
-// Prefill on Hopper's warpgroup MMA (sm_90a, head sizes 64 and 128), warp-specialised and
+#if defined(AKUNU_WGMMA) && (HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256) && HEAD_DIM_V == HEAD_DIM && \
+    !defined(FLASH_DEBUG)
+// Prefill on Hopper's warpgroup MMA (sm_90a, head sizes 64, 128 and 256), warp-specialised and
 // persistent: at most one block per SM, each taking work items (a 128-row tile of one head
 // chunk, or one split of it) until none is left (wg_next_item, wg_work). Per block:
 // - three producer warps prepare each item: its rows and key range, and its queries into one
-//   of two slots, up to two items ahead, so an item's set-up overlaps the one before;
+//   of two slots, up to two items ahead, so an item's set-up overlaps the one before (at head
+//   size 256 one query slot, refilled once the consumers' last S = Q K^T of the item is done);
 // - a loading warp streams WG_BN-key tiles of K and of V into two rings of WG_STAGES stages in
 //   wgmma's swizzled layout, by tensor copies (one lane issues a tile; the host passes tensor
 //   maps of the caches) or, for a slice's partial last tile and where the host has no maps, by
@@ -926,7 +928,11 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
 // P_{j-1} V_{j-1} now follows the softmax in the SASS; with the softmax in one block, ptxas
 // moved it above, and moving it by hand did not pay.) No block-wide barrier in the loop. The
 // producer gives its registers to the consumers (setmaxnreg).
-constexpr int WG_BN = 128;
+// Keys per step and query slots: at head size 256 a warpgroup's 64 x 256 output takes 128
+// accumulator registers a thread, which leaves room for 64-key scores only, and two K/V stages
+// of 64 keys with one 128-row query slot fill 192 KiB of shared memory.
+constexpr int WG_BN = D > 128 ? 64 : 128;
+constexpr int WG_QSLOTS = D > 128 ? 1 : 2;
 constexpr int WG_STAGES = 2;
 // The block starts with 168 registers a thread (384 threads, one block per SM). The consumers'
 // increase takes exactly what the producers release, (168 - 40) * 128 = (232 - 168) * 256: a
@@ -957,7 +963,8 @@ __device__ __forceinline__ void wg_qk(float (&d)[N / 8][4], u64 da, u64 db, int 
 template <int N>
 __device__ __forceinline__ void wg_pv(float (&d)[N / 8][4], const u32 (&a)[4], u64 db) {
     if constexpr (N == 64) wgmma_rs64_mn(d, a, db);
-    else wgmma_rs128_mn(d, a, db);
+    else if constexpr (N == 128) wgmma_rs128_mn(d, a, db);
+    else wgmma_rs256_mn(d, a, db);
 }
 
 // O += P V for one step's probabilities `a` and V tile at vs (issued, not waited for).
@@ -1046,8 +1053,9 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
     extern __shared__ __align__(128) u8 smem[];
     __shared__ WgItem items[2];
     // full[0..S) and empty[0..S) for K, then the same for V; an item slot's queries and rows
-    // are ready (q_full) or done with (q_empty).
-    __shared__ __align__(8) u64 full[2 * WG_STAGES], empty[2 * WG_STAGES], q_full[2], q_empty[2];
+    // are ready (q_full) or done with (q_empty); with one query slot, the consumers are done
+    // with an item's queries (q_read).
+    __shared__ __align__(8) u64 full[2 * WG_STAGES], empty[2 * WG_STAGES], q_full[2], q_empty[2], q_read;
     // Swizzle atoms start on 1024-byte boundaries (the host adds the slack).
     const u32 base = (smem_addr(smem) + 1023u) & ~1023u;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp >> 2;
@@ -1061,10 +1069,13 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
         mbar_init(smem_addr(&q_full[threadIdx.x]), WG_PREPARERS);
         mbar_init(smem_addr(&q_empty[threadIdx.x]), WG_CONSUMERS / 32);
     }
+    if (threadIdx.x == 2) mbar_init(smem_addr(&q_read), WG_CONSUMERS / 32);
     __syncthreads();
-    const auto q_tile = [&](u32 slot) { return base + slot * Q_BYTES; };
-    const auto k_tile = [&](u32 n) { return base + 2 * Q_BYTES + n % WG_STAGES * K_BYTES; };
-    const auto v_tile = [&](u32 n) { return base + 2 * Q_BYTES + WG_STAGES * K_BYTES + n % WG_STAGES * V_BYTES; };
+    // The queries of the m-th item, then the K and V rings.
+    const auto q_tile = [&](u32 m) { return base + m % WG_QSLOTS * Q_BYTES; };
+    constexpr u32 KV_AT = WG_QSLOTS * Q_BYTES;
+    const auto k_tile = [&](u32 n) { return base + KV_AT + n % WG_STAGES * K_BYTES; };
+    const auto v_tile = [&](u32 n) { return base + KV_AT + WG_STAGES * K_BYTES + n % WG_STAGES * V_BYTES; };
     const u32 full_at = smem_addr(full), empty_at = smem_addr(empty);
     const auto bar = [&](u32 ring_bars, int ring, u32 n) { return ring_bars + 8 * (ring * WG_STAGES + n % WG_STAGES); };
     // The m-th item, once the preparing warps filled its slot (n_items when none is left).
@@ -1102,7 +1113,9 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
                     it.kv_len = tile.kv_len;
                 }
                 sync_threads<WG_PREPARERS, WG_PRODUCER_BAR>();
-                load_q<BM, WG_PREPARERS, true>(p, q_tile(slot), it.row_tok, it.row_head, tid);
+                if constexpr (WG_QSLOTS == 1)
+                    if (m >= 1) mbar_wait(smem_addr(&q_read), (m - 1) & 1);
+                load_q<BM, WG_PREPARERS, true>(p, q_tile(m), it.row_tok, it.row_head, tid);
                 // The queries' copies land before the slot reads as full; the rows and any
                 // queries stored directly are released by the arrival itself.
                 mbar_arrive_cp_async_inc(smem_addr(&q_full[slot]));
@@ -1169,7 +1182,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
             u32 kb, ke;
             split_slice(p.n_split, w.z, it.range[0], it.range[1], BN_, kb, ke);
             const int steps = (int)((ke - kb + BN_ - 1) / BN_);
-            const u64 q_desc = wgmma_desc(q_tile(slot) + q_rows, 16, 1024);
+            const u64 q_desc = wgmma_desc(q_tile(m) + q_rows, 16, 1024);
 
             WarpState st[1];
             st[0].init();
@@ -1221,6 +1234,9 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
 #pragma unroll
                 for (int kk = 0; kk < BN_ / 16; ++kk) prob_frag<BN_>(s[0], kk, a[kk]);
             }
+            // Every S = Q K^T of the item was waited for: the queries' slot may be refilled.
+            if constexpr (WG_QSLOTS == 1)
+                if (lane == 0) mbar_arrive(smem_addr(&q_read));
             if (steps > 0) {
                 mbar_wait(bar(full_at, 1, n - 1), ring_parity(n - 1));
                 if (!wg_by_tma(p, kb + (steps - 1) * BN_, ke)) fence_async_shared();

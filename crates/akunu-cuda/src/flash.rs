@@ -17,10 +17,11 @@
 //!   of one sequence: tiles of `rows / group` tokens (the query heads of a KV head are packed
 //!   as rows), uploaded as a (first token, count) list, the latest tile of every run first
 //!   (then the next latest of every run, ...) so the longest tiles start first. On Hopper with
-//!   head sizes 64 or 128 the same tiles go to `flash_prefill_wg` instead: up to one block per
-//!   SM, each taking (tile, head chunk) items in turn from a counter in the scratch; a
+//!   head sizes 64, 128 or 256 the same tiles go to `flash_prefill_wg` instead: up to one block
+//!   per SM, each taking (tile, head chunk) items in turn from a counter in the scratch; a
 //!   producer warpgroup prepares the items and streams K and V by tensor copies (tensor maps
-//!   built here), two consumer warpgroups of 64 rows run wgmma, 128-key steps.
+//!   built here), two consumer warpgroups of 64 rows run wgmma, 128-key steps (64 at head size
+//!   256).
 //! - Split-KV when the tiles alone cannot fill the GPU: each split writes normalised partial
 //!   rows and their log-sum-exp into the scratch, and the last split of each tile to finish
 //!   merges them (a counter per tile in the scratch, re-armed by that split). The split count
@@ -52,11 +53,10 @@ const TURN_KEYS: usize = 8 * DECODE_WARPS * DECODE_KEYS;
 const PREFILL_STAGES: usize = 2;
 /// Both `mma.sync` kernels run four warps.
 const THREADS: u32 = 128;
-/// `flash_prefill_wg`: a producer warpgroup and two consumer warpgroups of 64 rows, steps of
-/// `WG_KEYS` keys, `WG_STAGES` stages each of K and V, and 1 KiB of slack to align the
-/// swizzled tiles.
+/// `flash_prefill_wg`: a producer warpgroup and two consumer warpgroups of 64 rows,
+/// `WG_STAGES` stages each of K and V, and 1 KiB of slack to align the swizzled tiles. Keys per
+/// step and query slots depend on the head size ([`FlashConfig::wg_keys`]).
 const WG_THREADS: u32 = 384;
-const WG_KEYS: usize = 128;
 const WG_STAGES: usize = 2;
 const WG_ALIGN: usize = 1024;
 /// Split counters (one per tile and head chunk) at the start of the scratch; a launch with
@@ -168,15 +168,27 @@ impl FlashConfig {
 
     /// Whether `flash_prefill_wg` is built for these head sizes (wgmma.cuh's shapes).
     fn has_wgmma_prefill(&self) -> bool {
-        self.head_dim == self.head_dim_v && matches!(self.head_dim, 64 | 128) && !self.debug
+        self.head_dim == self.head_dim_v && matches!(self.head_dim, 64 | 128 | 256) && !self.debug
     }
 
-    /// Dynamic shared memory of `flash_prefill_wg`: alignment slack, two 128-row query tiles
-    /// (one per work item in flight) and the K/V stages.
+    /// Keys per step of `flash_prefill_wg` (`WG_BN`): 64 at head size 256, whose output
+    /// accumulators leave registers for 64-key scores only, else 128.
+    fn wg_keys(&self) -> usize {
+        if self.head_dim > 128 {
+            64
+        } else {
+            128
+        }
+    }
+
+    /// Dynamic shared memory of `flash_prefill_wg`: alignment slack, the 128-row query tiles
+    /// (`WG_QSLOTS`: one per work item in flight, two, or one at head size 256) and the K/V
+    /// stages.
     fn wgmma_smem(&self) -> usize {
+        let q_slots = if self.head_dim > 128 { 1 } else { 2 };
         WG_ALIGN
-            + 2 * 128 * self.head_dim * 2
-            + WG_STAGES * WG_KEYS * (self.head_dim + self.head_dim_v) * 2
+            + q_slots * 128 * self.head_dim * 2
+            + WG_STAGES * self.wg_keys() * (self.head_dim + self.head_dim_v) * 2
     }
 
     /// Dynamic shared memory: the query tile, then the K/V stages.
@@ -475,7 +487,7 @@ impl FlashKernels {
     /// Keys per step of the prefill kernel in use.
     fn prefill_keys(&self) -> usize {
         if self.prefill_wg.is_some() {
-            WG_KEYS
+            self.cfg.wg_keys()
         } else {
             self.cfg.keys_per_step(false)
         }
@@ -492,7 +504,7 @@ impl FlashKernels {
 
     /// Tensor maps of the K and V caches for `flash_prefill_wg`'s tensor copies: each cache as
     /// a tensor (head dim, position, KV head, sequence), copied in boxes of 64 elements by
-    /// `WG_KEYS` positions. None where the layout rules them out (a base or a stride that is
+    /// a step's keys. None where the layout rules them out (a base or a stride that is
     /// not a multiple of 16 bytes, or a zero stride): the kernel then copies with cp.async.
     fn cache_maps(
         &self,
@@ -512,7 +524,7 @@ impl FlashKernels {
                 return Ok(None);
             }
             let dims = [d as u64, a.n_ctx as u64, a.n_head_kv as u64, SEQUENCES];
-            let boxes = [64, WG_KEYS as u32, 1, 1];
+            let boxes = [64, self.cfg.wg_keys() as u32, 1, 1];
             gpu.tensor_map_u16(base, dims, [bytes[2], bytes[1], bytes[0]], boxes)
                 .map(Some)
         };

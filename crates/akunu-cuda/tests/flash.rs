@@ -468,6 +468,7 @@ fn bf16_and_f16_storage() {
         (FlashDtype::Bf16, 64),
         (FlashDtype::Bf16, 128),
         (FlashDtype::F16, 128),
+        (FlashDtype::Bf16, 256),
     ] {
         let k = kernels(&gpu, dtype, d, d, false);
         for (i, group) in [1, 4, 16].into_iter().enumerate() {
@@ -711,10 +712,10 @@ fn decode_with_rope_and_kv_store_fused() {
 
 #[test]
 fn kv_heads_sharing_one_cache_row() {
-    // Prefill past a whole 128-key step, so wgmma prefill (Hopper) copies whole tiles, here
-    // with cp.async since a zero head stride rules out its tensor maps.
+    // Prefill past a whole step (128 keys, 64 at head size 256), so wgmma prefill (Hopper)
+    // copies whole tiles, here with cp.async since a zero head stride rules out its tensor maps.
     let Some(gpu) = common::gpu() else { return };
-    for d in [64, 128] {
+    for d in [64, 128, 256] {
         let k = kernels(&gpu, FlashDtype::Bf16, d, d, false);
         for causal in [true, false] {
             let mut c = Case::new(d, 8, 2, &[300, 45], &[0, 200]);
@@ -738,6 +739,14 @@ fn windows_softcap_and_odd_head_sizes() {
             c.per_token = per_token;
             check(&gpu, &k, &c, 500 + i as u64);
         }
+    }
+    // Gemma's shapes: head size 256, a window and soft-capping, prefill past several steps.
+    let k = kernels(&gpu, FlashDtype::F16, 256, 256, true);
+    for (i, window) in [64, 300].into_iter().enumerate() {
+        let mut c = Case::new(256, 8, 2, &[400, 70], &[0, 150]);
+        c.window = Some(window);
+        c.softcap = Some(30.0);
+        check(&gpu, &k, &c, 510 + i as u64);
     }
     let k = kernels(&gpu, FlashDtype::F16, 192, 128, true);
     let mut c = Case::new(192, 8, 4, &[33, 1], &[10, 70]);
