@@ -63,6 +63,9 @@ if [[ $stages == *tests* ]]; then
   if [[ -z ${GPU_TESTS:-} || " $GPU_TESTS " == *" test-flash "* ]]; then
     if AKUNU_CHIP_WGMMA_ATTENTION=0 "$B/test-flash" --test-threads 1 > "$LOGS/test-flash-mma.log" 2>&1; then r=pass; else r=FAIL; fi
     row "test test-flash, mma.sync prefill at every head size: $r"
+    # The wgmma prefill on two persistent blocks: each block takes many work items in turn.
+    if AKUNU_CHIP_WGMMA_PREFILL_BLOCKS=2 "$B/test-flash" --test-threads 1 > "$LOGS/test-flash-2blocks.log" 2>&1; then r=pass; else r=FAIL; fi
+    row "test test-flash, wgmma prefill on 2 blocks: $r"
   fi
 fi
 
@@ -74,6 +77,10 @@ if [[ $stages == *sanitize* ]]; then
       rc=$?; row "compute-sanitizer $tool $n: $([ $rc = 0 ] && echo clean || echo "rc=$rc $(grep -m1 -E 'ERROR SUMMARY|Invalid|hazard' "$LOGS/sanitize-$tool-$n.log")")"
     done
   done
+  # The wgmma prefill's hand-over between a block's work items (two blocks take them all).
+  AKUNU_CHIP_WGMMA_PREFILL_BLOCKS=2 timeout 240 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/test-flash" \
+    --test-threads 1 prefill_every bf16_and kv_heads_sharing windows > "$LOGS/sanitize-racecheck-flash-2blocks.log" 2>&1
+  rc=$?; row "compute-sanitizer racecheck test-flash prefill on 2 blocks: $([ $rc = 0 ] && echo clean || echo "rc=$rc $(grep -m1 -E 'RACECHECK SUMMARY' "$LOGS/sanitize-racecheck-flash-2blocks.log")")"
 fi
 
 if [[ $stages == *e2e* ]]; then

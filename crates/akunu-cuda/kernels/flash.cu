@@ -1067,7 +1067,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
     }
     if (threadIdx.x < 2) {
         mbar_init(smem_addr(&q_full[threadIdx.x]), WG_PREPARERS);
-        mbar_init(smem_addr(&q_empty[threadIdx.x]), WG_CONSUMERS / 32);
+        mbar_init(smem_addr(&q_empty[threadIdx.x]), WG_CONSUMERS);
     }
     if (threadIdx.x == 2) mbar_init(smem_addr(&q_read), WG_CONSUMERS / 32);
     __syncthreads();
@@ -1249,8 +1249,9 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
             }
 
             store_rows<1>(p, w.z, st, rows, it.row_tok, it.row_head, lane);
-            __syncwarp();
-            if (lane == 0) mbar_arrive(smem_addr(&q_empty[slot]));
+            // Every consumer thread arrives: an arrival releases only its own thread's reads of
+            // the slot, and the preparing warps rewrite it once the phase completes.
+            mbar_arrive(smem_addr(&q_empty[slot]));
             last = w;
         }
         if (cw == 0) wg_take_turn(cw);

@@ -65,9 +65,13 @@ pub struct ChipConfig {
     /// (docs/perf/2026-11-22-rope-in-attention.md). 0: always; a large value: never.
     pub rope_in_attention_from: usize,
     /// Prefill attention runs on Hopper's warpgroup MMA (`flash_prefill_wg`) where the head
-    /// sizes allow (64 or 128, equal for K and V); `AKUNU_CHIP_WGMMA_ATTENTION=0` keeps the
-    /// `mma.sync` kernel.
+    /// sizes allow (64, 128 or 256, equal for K and V); `AKUNU_CHIP_WGMMA_ATTENTION=0` keeps
+    /// the `mma.sync` kernel.
     pub wgmma_attention: bool,
+    /// At most this many persistent blocks of `flash_prefill_wg` (0: one per SM). With fewer,
+    /// each block takes more work items in turn, which is how the tests reach the hand-over
+    /// from one item to the next on small problems.
+    pub wgmma_prefill_blocks: usize,
 }
 
 fn env_override(name: &str, default: usize) -> usize {
@@ -135,6 +139,7 @@ impl ChipConfig {
             name,
             compute_capability,
             wgmma_attention: arch == "sm_90a" && env_override("wgmma_attention", 1) != 0,
+            wgmma_prefill_blocks: env_override("wgmma_prefill_blocks", 0),
             arch,
             sm_count,
             l2_bytes,

@@ -419,6 +419,8 @@ pub struct FlashKernels {
     /// `flash_decode` whose warps take a long slice's steps by turns.
     decode_turns: Kernel,
     sm_count: usize,
+    /// Persistent blocks of `prefill_wg` at most (`ChipConfig::wgmma_prefill_blocks`).
+    wg_blocks: usize,
     /// Decode blocks resident per SM (shared memory and registers allow).
     decode_per_sm: usize,
 }
@@ -476,6 +478,10 @@ impl FlashKernels {
             decode,
             decode_turns,
             sm_count: gpu.chip.sm_count,
+            wg_blocks: match gpu.chip.wgmma_prefill_blocks {
+                0 => gpu.chip.sm_count,
+                n => n.min(gpu.chip.sm_count),
+            },
             decode_per_sm,
         })
     }
@@ -867,7 +873,7 @@ impl FlashKernels {
                 let blocks = if l.splits > 1 {
                     items
                 } else {
-                    items.min(self.sm_count)
+                    items.min(self.wg_blocks)
                 };
                 let blocks = to_u32("attention work items", blocks)?;
                 (wg, WG_THREADS, self.cfg.wgmma_smem(), (blocks, 1, 1))
