@@ -2,7 +2,7 @@
 //! JSON line per shape, for `scripts/gpu/flash_bench.py` to set beside PyTorch's SDPA.
 //!
 //!   flash-bench [--dtype bf16|f16] [--iters N] [--warmup N] [--shapes prefill,decode]
-//!               [--flush write|read]
+//!               [--head-dim D] [--flush write|read]
 //!
 //! Each shape is checked first: a few (token, head) rows of the output against an f32 host
 //! reference; a row out of tolerance puts an `error` beside the timing. A time is the median
@@ -26,7 +26,7 @@ type Res<T> = Result<T, Box<dyn Error>>;
 
 const USAGE: &str =
     "usage: flash-bench [--dtype bf16|f16] [--iters N] [--warmup N] [--shapes prefill,decode] \
-     [--flush write|read]";
+     [--head-dim D] [--flush write|read]";
 
 /// Both dtypes are two bytes, and so is the output.
 const ELEM_BYTES: usize = 2;
@@ -181,6 +181,8 @@ struct Options {
     iters: usize,
     warmup: usize,
     kinds: Vec<Kind>,
+    /// Only the shapes of this head size (a profiler then sees only their launches).
+    head_dim: Option<usize>,
     flush: FlushKind,
 }
 
@@ -191,6 +193,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Option<Options>,
         iters: 50,
         warmup: 10,
         kinds: vec![Kind::Prefill, Kind::Decode],
+        head_dim: None,
         flush: FlushKind::Write,
     };
     let mut args = args.into_iter();
@@ -227,6 +230,16 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Option<Options>,
                         other => Err(format!("--shapes {other}: expected prefill or decode")),
                     })
                     .collect::<Result<_, _>>()?;
+            }
+            "--head-dim" => {
+                let v = value()?;
+                let d = v
+                    .parse::<usize>()
+                    .map_err(|_| format!("--head-dim {v}: expected a whole number"))?;
+                if !SHAPES.iter().any(|s| s.d == d) {
+                    return Err(format!("--head-dim {d}: no shape has that head size"));
+                }
+                o.head_dim = Some(d);
             }
             "--flush" => {
                 o.flush = match value()?.as_str() {
@@ -550,7 +563,8 @@ fn bench(o: &Options) -> Res<bool> {
     );
     let flush = Flush::new(&gpu, o.flush)?;
     let mut all_ok = true;
-    for sh in SHAPES.iter().filter(|s| o.kinds.contains(&s.kind)) {
+    let selected = |s: &&Shape| o.kinds.contains(&s.kind) && o.head_dim.is_none_or(|d| s.d == d);
+    for sh in SHAPES.iter().filter(selected) {
         let r = measure(&gpu, sh, o, &flush);
         all_ok &= matches!(&r, Ok(m) if m.max_err.is_ok());
         println!("{}", json_line(sh, o.dtype, o.iters, &r));
@@ -593,13 +607,13 @@ mod tests {
         let o = args("").unwrap().unwrap();
         assert_eq!((o.dtype.name(), o.iters, o.warmup), ("bf16", 50, 10));
         assert!(o.kinds == [Kind::Prefill, Kind::Decode]);
-        assert_eq!(o.flush, FlushKind::Write);
-        let o = args("--dtype f16 --iters 7 --warmup 0 --shapes decode --flush read")
+        assert_eq!((o.flush, o.head_dim), (FlushKind::Write, None));
+        let o = args("--dtype f16 --iters 7 --warmup 0 --shapes decode --flush read --head-dim 64")
             .unwrap()
             .unwrap();
         assert_eq!((o.dtype.name(), o.iters, o.warmup), ("f16", 7, 0));
         assert!(o.kinds == [Kind::Decode]);
-        assert_eq!(o.flush, FlushKind::Read);
+        assert_eq!((o.flush, o.head_dim), (FlushKind::Read, Some(64)));
         assert!(args("--help").unwrap().is_none());
         for bad in [
             "--iters 0",
@@ -607,6 +621,8 @@ mod tests {
             "--dtype",
             "--shapes all",
             "--flush x",
+            "--head-dim 96",
+            "--head-dim",
             "--x",
         ] {
             assert!(args(bad).is_err(), "{bad}");
