@@ -1229,6 +1229,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
                 const bool same = softmax_probs<BN_, 1, SOFTMAX_SLACK>(st, s, corr, unit);
                 wgmma_wait<0>();
                 wgmma_fence_regs(st[0].o);
+                wgmma_fence_operands(a);
                 if (j > 0 && lane == 0) mbar_arrive(bar(empty_at, 1, n - 1));
                 rescale_out<1>(st, corr, same);
 #pragma unroll
@@ -1245,6 +1246,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
                 wgmma_commit();
                 wgmma_wait<0>();
                 wgmma_fence_regs(st[0].o);
+                wgmma_fence_operands(a);
                 if (lane == 0) mbar_arrive(bar(empty_at, 1, n - 1));
             }
 

@@ -46,6 +46,15 @@ __device__ __forceinline__ void wgmma_fence_regs(float (&d)[NT][4]) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
 }
+// The same for A fragments in registers: a wgmma reads them until its wait, but to the compiler
+// they are dead once it is issued, and ptxas reuses their registers for other values.
+template <int NK>
+__device__ __forceinline__ void wgmma_fence_operands(const u32 (&a)[NK][4]) {
+#pragma unroll
+    for (int k = 0; k < NK; ++k)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" ::"r"(a[k][e]) : "memory");
+}
 // Shared memory written by ordinary stores or cp.async, next read by the tensor cores: each
 // writing thread fences before the barrier that publishes it.
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
