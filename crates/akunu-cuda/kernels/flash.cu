@@ -924,10 +924,12 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
 // The consumers take turns to issue their products (FA3's ping-pong: named barriers
 // WG_TURN + w, "warpgroup w may issue"), so one warpgroup's softmax runs while the tensor cores
 // work on the other's products; without turns both warpgroups wait for the same K tile, issue
-// together and then both leave the tensor cores idle during their softmax. (The wait for
-// P_{j-1} V_{j-1} now follows the softmax in the SASS; with the softmax in one block, ptxas
-// moved it above, and moving it by hand did not pay.) No block-wide barrier in the loop. The
-// producer gives its registers to the consumers (setmaxnreg).
+// together and then both leave the tensor cores idle during their softmax. (ptxas places the
+// wait for P_{j-1} V_{j-1} after the rows' vote, before the exponentials: keeping them ahead of
+// it needs registers the consumers lack, docs/perf/2026-11-23-prefill-item-handover.md.) No
+// block-wide barrier in the loop. The producer gives its registers to the consumers
+// (setmaxnreg). The ring's "empty" barriers and q_read count one arrival per consumer warp:
+// only the tensor cores read those tiles, and the warp's wgmma wait precedes its arrival.
 // Keys per step and query slots: at head size 256 a warpgroup's 64 x 256 output takes 128
 // accumulator registers a thread, which leaves room for 64-key scores only, and two K/V stages
 // of 64 keys with one 128-row query slot fill 192 KiB of shared memory.
@@ -1251,8 +1253,10 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
             }
 
             store_rows<1>(p, w.z, st, rows, it.row_tok, it.row_head, lane);
-            // Every consumer thread arrives: an arrival releases only its own thread's reads of
-            // the slot, and the preparing warps rewrite it once the phase completes.
+            // Every consumer thread arrives after its own last read of the slot, which the
+            // preparing warps rewrite once the phase completes: the release then covers each
+            // read without leaning on the warp barrier before a lane-0 arrival (ptxas compiles
+            // that barrier to nothing here; racecheck, tracking arrivals per thread, flagged it).
             mbar_arrive(smem_addr(&q_empty[slot]));
             last = w;
         }

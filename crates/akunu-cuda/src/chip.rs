@@ -70,7 +70,8 @@ pub struct ChipConfig {
     pub wgmma_attention: bool,
     /// At most this many persistent blocks of `flash_prefill_wg` (0: one per SM). With fewer,
     /// each block takes more work items in turn, which is how the tests reach the hand-over
-    /// from one item to the next on small problems.
+    /// from one item to the next on small problems. Split-KV launches (few tiles, long
+    /// contexts) keep one block per item.
     pub wgmma_prefill_blocks: usize,
 }
 

@@ -186,6 +186,12 @@ struct Options {
     flush: FlushKind,
 }
 
+impl Options {
+    fn selects(&self, s: &Shape) -> bool {
+        self.kinds.contains(&s.kind) && self.head_dim.is_none_or(|d| s.d == d)
+    }
+}
+
 /// The options, or `None` when help was asked for.
 fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, String> {
     let mut o = Options {
@@ -236,9 +242,6 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Option<Options>,
                 let d = v
                     .parse::<usize>()
                     .map_err(|_| format!("--head-dim {v}: expected a whole number"))?;
-                if !SHAPES.iter().any(|s| s.d == d) {
-                    return Err(format!("--head-dim {d}: no shape has that head size"));
-                }
                 o.head_dim = Some(d);
             }
             "--flush" => {
@@ -251,6 +254,9 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Option<Options>,
             "-h" | "--help" => return Ok(None),
             other => return Err(format!("unknown argument {other}")),
         }
+    }
+    if SHAPES.iter().filter(|s| o.selects(s)).count() == 0 {
+        return Err("no shape of the selected kinds has that head size".into());
     }
     Ok(Some(o))
 }
@@ -563,8 +569,7 @@ fn bench(o: &Options) -> Res<bool> {
     );
     let flush = Flush::new(&gpu, o.flush)?;
     let mut all_ok = true;
-    let selected = |s: &&Shape| o.kinds.contains(&s.kind) && o.head_dim.is_none_or(|d| s.d == d);
-    for sh in SHAPES.iter().filter(selected) {
+    for sh in SHAPES.iter().filter(|s| o.selects(s)) {
         let r = measure(&gpu, sh, o, &flush);
         all_ok &= matches!(&r, Ok(m) if m.max_err.is_ok());
         println!("{}", json_line(sh, o.dtype, o.iters, &r));
@@ -608,12 +613,14 @@ mod tests {
         assert_eq!((o.dtype.name(), o.iters, o.warmup), ("bf16", 50, 10));
         assert!(o.kinds == [Kind::Prefill, Kind::Decode]);
         assert_eq!((o.flush, o.head_dim), (FlushKind::Write, None));
-        let o = args("--dtype f16 --iters 7 --warmup 0 --shapes decode --flush read --head-dim 64")
-            .unwrap()
-            .unwrap();
+        let o =
+            args("--dtype f16 --iters 7 --warmup 0 --shapes decode --flush read --head-dim 128")
+                .unwrap()
+                .unwrap();
         assert_eq!((o.dtype.name(), o.iters, o.warmup), ("f16", 7, 0));
         assert!(o.kinds == [Kind::Decode]);
-        assert_eq!((o.flush, o.head_dim), (FlushKind::Read, Some(64)));
+        assert_eq!((o.flush, o.head_dim), (FlushKind::Read, Some(128)));
+        assert_eq!(args("--head-dim 64").unwrap().unwrap().head_dim, Some(64));
         assert!(args("--help").unwrap().is_none());
         for bad in [
             "--iters 0",
@@ -622,6 +629,8 @@ mod tests {
             "--shapes all",
             "--flush x",
             "--head-dim 96",
+            "--shapes decode --head-dim 256",
+            "--head-dim x",
             "--head-dim",
             "--x",
         ] {
