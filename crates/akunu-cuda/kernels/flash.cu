@@ -1055,8 +1055,8 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
     extern __shared__ __align__(128) u8 smem[];
     __shared__ WgItem items[2];
     // full[0..S) and empty[0..S) for K, then the same for V; an item slot's queries and rows
-    // are ready (q_full) or done with (q_empty); with one query slot, the consumers are done
-    // with an item's queries (q_read).
+    // are ready (q_full) or done with (q_empty: the consumers and the loading warp); with one
+    // query slot, the consumers are done with an item's queries (q_read).
     __shared__ __align__(8) u64 full[2 * WG_STAGES], empty[2 * WG_STAGES], q_full[2], q_empty[2], q_read;
     // Swizzle atoms start on 1024-byte boundaries (the host adds the slack).
     const u32 base = (smem_addr(smem) + 1023u) & ~1023u;
@@ -1069,7 +1069,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
     }
     if (threadIdx.x < 2) {
         mbar_init(smem_addr(&q_full[threadIdx.x]), WG_PREPARERS);
-        mbar_init(smem_addr(&q_empty[threadIdx.x]), WG_CONSUMERS);
+        mbar_init(smem_addr(&q_empty[threadIdx.x]), WG_CONSUMERS + WG_LOADERS);
     }
     if (threadIdx.x == 2) mbar_init(smem_addr(&q_read), WG_CONSUMERS / 32);
     __syncthreads();
@@ -1136,6 +1136,9 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
                 const u32 g = w.y % p.n_head_kv;
                 const u16* kg = p.k + seq * p.k_seq + g * p.k_head;
                 const u16* vg = p.v + seq * p.v_seq + g * p.v_head;
+                // Done with the slot: an item without keys lets the consumers release it
+                // before this warp has read it.
+                mbar_arrive(smem_addr(&q_empty[m & 1]));
                 for (u32 k0 = kb; k0 < ke; k0 += BN_, ++n) {
                     if (n >= WG_STAGES) mbar_wait(bar(empty_at, 0, n), ring_parity(n) ^ 1);
                     wg_load_tile<D / 8, KROW>(p, p.tma_k, k_tile(n), kg, p.k_pos, k0, ke, g, seq, bar(full_at, 0, n), lane);

@@ -17,11 +17,11 @@
 //!   of one sequence: tiles of `rows / group` tokens (the query heads of a KV head are packed
 //!   as rows), uploaded as a (first token, count) list, the latest tile of every run first
 //!   (then the next latest of every run, ...) so the longest tiles start first. On Hopper with
-//!   head sizes 64, 128 or 256 the same tiles go to `flash_prefill_wg` instead: up to one block
-//!   per SM, each taking (tile, head chunk) items in turn from a counter in the scratch; a
-//!   producer warpgroup prepares the items and streams K and V by tensor copies (tensor maps
-//!   built here), two consumer warpgroups of 64 rows run wgmma, 128-key steps (64 at head size
-//!   256).
+//!   head sizes 64, 128 or 256, tiles of 128 rows (64 at 256 in launches too small to fill the
+//!   GPU) go to `flash_prefill_wg` instead: up to one block per SM, each taking (tile, head chunk)
+//!   items in turn from a counter in the scratch; a producer warpgroup prepares the items and
+//!   streams K and V by tensor copies (tensor maps built here), two consumer warpgroups of 64
+//!   rows run wgmma, 128-key steps (64 at head size 256).
 //! - Split-KV when the tiles alone cannot fill the GPU: each split writes normalised partial
 //!   rows and their log-sum-exp into the scratch, and the last split of each tile to finish
 //!   merges them (a counter per tile in the scratch, re-armed by that split). The split count
@@ -53,10 +53,12 @@ const TURN_KEYS: usize = 8 * DECODE_WARPS * DECODE_KEYS;
 const PREFILL_STAGES: usize = 2;
 /// Both `mma.sync` kernels run four warps.
 const THREADS: u32 = 128;
-/// `flash_prefill_wg`: a producer warpgroup and two consumer warpgroups of 64 rows,
+/// `flash_prefill_wg`: a producer warpgroup and two consumer warpgroups of 64 rows (a tile of
+/// `WG_ROWS` at every head size),
 /// `WG_STAGES` stages each of K and V, and 1 KiB of slack to align the swizzled tiles. Keys per
 /// step and query slots depend on the head size ([`FlashConfig::wg_keys`]).
 const WG_THREADS: u32 = 384;
+const WG_ROWS: usize = 128;
 const WG_STAGES: usize = 2;
 const WG_ALIGN: usize = 1024;
 /// Split counters (one per tile and head chunk) at the start of the scratch; a launch with
@@ -187,7 +189,7 @@ impl FlashConfig {
     fn wgmma_smem(&self) -> usize {
         let q_slots = if self.head_dim > 128 { 1 } else { 2 };
         WG_ALIGN
-            + q_slots * 128 * self.head_dim * 2
+            + q_slots * WG_ROWS * self.head_dim * 2
             + WG_STAGES * self.wg_keys() * (self.head_dim + self.head_dim_v) * 2
     }
 
@@ -490,6 +492,35 @@ impl FlashKernels {
         &self.cfg
     }
 
+    /// Rows of a prefill tile. `flash_prefill_wg` takes 128, a consumer warpgroup's 64 each,
+    /// except at head size 256 in launches whose tiles of 128 rows leave some of its blocks
+    /// without a tile: there it takes tiles of 64 (the second warpgroup's rows empty), twice as
+    /// many. At 256 a block's one query slot is loaded while no keys stream, and a split's
+    /// partial rows are 1 KiB each: those per-tile costs grow with the rows and run in the
+    /// tile's own block, so where the launch cannot fill the GPU more tiles of fewer rows end
+    /// sooner than fewer tiles cut into more splits. At head sizes 64 and 128 the same rule
+    /// gained 1.5 % and lost 4 % (docs/perf/2026-11-23-prefill-tile-rows.md). Groups past 64
+    /// heads fill a tile per token either way.
+    fn prefill_rows(&self, q: &Queries, n_head_kv: usize, group: usize) -> usize {
+        if self.prefill_wg.is_none() {
+            return self.cfg.prefill_rows();
+        }
+        let Queries::Runs(runs) = q else {
+            return WG_ROWS;
+        };
+        if self.cfg.head_dim <= 128 || group == 0 || group > WG_ROWS / 2 {
+            return WG_ROWS;
+        }
+        let tiles = runs.iter().fold(0usize, |t, &(_, n)| {
+            t.saturating_add(n.div_ceil(WG_ROWS / group))
+        });
+        if tiles.saturating_mul(n_head_kv) < self.wg_blocks {
+            WG_ROWS / 2
+        } else {
+            WG_ROWS
+        }
+    }
+
     /// Keys per step of the prefill kernel in use.
     fn prefill_keys(&self) -> usize {
         if self.prefill_wg.is_some() {
@@ -567,7 +598,7 @@ impl FlashKernels {
         let rows = if decode {
             DECODE_ROWS
         } else {
-            self.cfg.prefill_rows()
+            self.prefill_rows(q, a.n_head_kv, group)
         };
         let chunks = group.div_ceil(rows);
         let per_tile = (rows / group.min(rows)).max(1);

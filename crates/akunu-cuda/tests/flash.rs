@@ -421,6 +421,24 @@ fn prefill_every_head_size_and_group() {
     }
 }
 
+/// Groups wider than a tile's rows: each token's query heads span one or more whole tiles,
+/// or end part-way into the second (192 heads, 128-row tiles), the last tile of a run partly
+/// filled.
+#[test]
+fn wide_groups_at_head_size_256() {
+    let Some(gpu) = common::gpu() else { return };
+    let k = kernels(&gpu, FlashDtype::F16, 256, 256, true);
+    let mut seed = 800;
+    for group in [32, 96, 192] {
+        for per_token in [false, true] {
+            let mut c = Case::new(256, group, 1, &[9, 2], &[100, 40]);
+            c.per_token = per_token;
+            check(&gpu, &k, &c, seed);
+            seed += 1;
+        }
+    }
+}
+
 #[test]
 fn scores_that_outgrow_the_running_maxima() {
     let Some(gpu) = common::gpu() else { return };
