@@ -1,7 +1,9 @@
 // The fused step between the q/k/v projections and attention: per token, optional RMSNorm of
 // every Q and K head (QK-norm), RoPE of Q and K, Q rounded to f16 precision in place (the
-// precision attention reads it at), and K and V written as f16 into the cache at the token's
-// (slot, position). The cache is [slot][kv_head][position][dim]. The rotation is rope.cuh's.
+// precision attention reads it at) or, given q16, written there as f16 (prefill attention then
+// copies its query tiles without converting them), and K and V written as f16 into the cache at
+// the token's (slot, position). The cache is [slot][kv_head][position][dim]. The rotation is
+// rope.cuh's.
 #include "common.cuh"
 #include "rope.cuh"
 
@@ -16,7 +18,7 @@
 // or copies write: the token's position and slot, the frequencies and the norm weights, and
 // computes the angles; so positions and slots must never come from the kernel just before.
 extern "C" __global__ void __launch_bounds__(ROPE_THREADS)
-qk_rope_store(float* q, const float* k, const float* v, const float* q_norm, const float* k_norm,
+qk_rope_store(float* q, u16* q16, const float* k, const float* v, const float* q_norm, const float* k_norm,
               float eps, const float* inv_freq, u32 n_rot, u32 neox, const u32* positions,
               const u32* slots, u16* kcache, u16* vcache, u32 n_head, u32 n_head_kv,
               u32 head_dim, u32 head_dim_v, u32 n_ctx) {
@@ -76,10 +78,12 @@ qk_rope_store(float* q, const float* k, const float* v, const float* q_norm, con
     if (!is_q && !store) return;
     for (u32 e = lane; e < head_dim; e += 32) {
         const float y = e < n_rot ? rope_element(hb, cos_sin, e, n_rot, neox) : hb[e];
-        if (is_q) {
-            q_dst[e] = f16_to_f32(f32_to_f16(y));
-        } else {
+        if (!is_q) {
             k_dst[e] = f32_to_f16(y);
+        } else if (q16) {
+            q16[((u64)t * n_head + g) * head_dim + e] = f32_to_f16(y);
+        } else {
+            q_dst[e] = f16_to_f32(f32_to_f16(y));
         }
     }
 }

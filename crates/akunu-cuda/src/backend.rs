@@ -163,7 +163,7 @@ pub struct CudaBackend {
     layers: LayerKernels,
     /// FlashAttention, where the head sizes allow it (multiples of 16 up to 256); else the
     /// simple kernel of [`LayerKernels::attention`].
-    flash: Option<(FlashKernels, FlashScratch)>,
+    flash: Option<Flash>,
     /// Runs of tokens of one slot in the current batch, for prefill attention tiles.
     runs: Vec<(usize, usize)>,
     /// Whether every token of the current batch is the only one of its slot.
@@ -184,20 +184,34 @@ pub struct CudaBackend {
 /// more) and a prefill tile list.
 const FLASH_SCRATCH_BYTES: usize = 16 << 20;
 
+/// The engine's FlashAttention: f32 queries for decode-sized passes (whose kernel can norm and
+/// rotate the queries itself), f16 queries for prefill, which `qk_rope_store` writes into
+/// `queries` and the prefill kernels copy into their tiles as they are (converting f32 queries
+/// there held up the first key step of every tile). One scratch serves both: launches are
+/// ordered on the stream.
+struct Flash {
+    decode: FlashKernels,
+    prefill: FlashKernels,
+    scratch: FlashScratch,
+    /// `max_batch × n_head × head_dim` f16.
+    queries: DeviceBuffer,
+}
+
 fn flash_kernels(
     gpu: &Gpu,
     c: &akunu_core::ModelConfig,
     max_batch: usize,
-) -> Result<Option<(FlashKernels, FlashScratch)>, CudaError> {
+) -> Result<Option<Flash>, CudaError> {
     if !(FlashConfig::supports(c.head_dim) && FlashConfig::supports(c.head_dim_v)) {
         return Ok(None);
     }
-    let kernels = FlashKernels::new(
-        gpu,
-        FlashConfig::new(FlashDtype::F16, c.head_dim, c.head_dim_v).f32_io(),
-    )?;
-    let scratch = FlashScratch::new(gpu, FLASH_SCRATCH_BYTES + max_batch * 8)?;
-    Ok(Some((kernels, scratch)))
+    let config = FlashConfig::new(FlashDtype::F16, c.head_dim, c.head_dim_v);
+    Ok(Some(Flash {
+        decode: FlashKernels::new(gpu, config.f32_io())?,
+        prefill: FlashKernels::new(gpu, config.f32_out())?,
+        scratch: FlashScratch::new(gpu, FLASH_SCRATCH_BYTES + max_batch * 8)?,
+        queries: gpu.alloc(max_batch * c.n_head * c.head_dim * 2)?,
+    }))
 }
 
 fn backend_err(e: CudaError) -> EngineError {
@@ -440,10 +454,19 @@ impl CudaBackend {
         m <= self.gpu.chip.gemv_max_m
             && self.one_per_slot
             && c.head_dim >= self.gpu.chip.rope_in_attention_from
-            && self
-                .flash
-                .as_ref()
-                .is_some_and(|(f, _)| f.fuses_rope(&Queries::PerToken, c.n_head, c.n_head_kv))
+            && self.flash.as_ref().is_some_and(|f| {
+                f.decode
+                    .fuses_rope(&Queries::PerToken, c.n_head, c.n_head_kv)
+            })
+    }
+
+    /// Where an `m`-token pass's rotated queries go as f16 for prefill attention (past decode
+    /// sizes, on the FlashAttention kernels); `None` leaves them f32 in `Q`.
+    fn prefill_queries(&self, m: usize) -> Option<u64> {
+        self.flash
+            .as_ref()
+            .filter(|_| m > self.gpu.chip.gemv_max_m)
+            .map(|f| f.queries.ptr())
     }
 
     /// The norm weights and epsilon of the `ResidualNorm` step after the `Products` step `i`
@@ -654,6 +677,7 @@ impl CudaBackend {
                     gpu,
                     &crate::layers::QkRopeStore {
                         q: self.buf(Buf::Q),
+                        q16: self.prefill_queries(m),
                         k: self.buf(Buf::K),
                         v: self.buf(Buf::V),
                         m,
@@ -691,7 +715,7 @@ impl CudaBackend {
                 );
                 let (positions, slots) = (self.meta_ptr(l.positions), self.meta_ptr(l.slots));
                 let n_ctx = self.opts.n_ctx;
-                let Some((flash, scratch)) = &self.flash else {
+                let Some(fa) = &self.flash else {
                     return self.layers.attention(
                         gpu,
                         &crate::layers::AttentionArgs {
@@ -714,6 +738,10 @@ impl CudaBackend {
                     );
                 };
                 let (d, dv, kvh) = (c.head_dim, c.head_dim_v, c.n_head_kv);
+                let (flash, q) = match self.prefill_queries(m) {
+                    Some(q16) => (&fa.prefill, q16),
+                    None => (&fa.decode, q),
+                };
                 let args = FlashArgs {
                     q,
                     k,
@@ -754,7 +782,7 @@ impl CudaBackend {
                     .borrow_mut()
                     .written_by(fuse, out, m, width, |int8_out| {
                         let args = FlashArgs { int8_out, ..args };
-                        flash.run(gpu, &args, queries, max_kv, scratch)
+                        flash.run(gpu, &args, queries, max_kv, &fa.scratch)
                     })
             }
             Step::ResidualNorm {

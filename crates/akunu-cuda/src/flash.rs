@@ -111,6 +111,16 @@ impl FlashConfig {
         }
     }
 
+    /// f32 output, queries in the element type: the engine's prefill, whose queries
+    /// `qk_rope_store` writes so, and whose query tiles are then copied without a conversion.
+    pub fn f32_out(self) -> FlashConfig {
+        FlashConfig {
+            q_f32: false,
+            out_f32: true,
+            ..self
+        }
+    }
+
     /// With the per-step dump (see [`FlashArgs::debug`]).
     pub fn with_debug(self) -> FlashConfig {
         FlashConfig {
@@ -210,6 +220,7 @@ pub fn modules() -> Vec<(&'static str, Vec<(&'static str, String)>)> {
     let mut configs = Vec::new();
     for d in HEAD_DIMS {
         configs.push(FlashConfig::new(FlashDtype::F16, d, d).f32_io());
+        configs.push(FlashConfig::new(FlashDtype::F16, d, d).f32_out());
     }
     for d in [64, 128] {
         configs.push(FlashConfig::new(FlashDtype::Bf16, d, d));

@@ -11,7 +11,8 @@
 //! - `[RmsNorm(Out)?, AddResidual, RmsNorm(Residual → Normed)]` → [`LayerKernels::add_rms_norm`],
 //!   which in decode also writes Normed in the GEMVs' int8 form;
 //! - `[RmsNorm(Q), RmsNorm(K)]?, Rope(Q), Rope(K), StoreKv` → [`LayerKernels::qk_rope_store`],
-//!   which also rounds Q to f16 precision as attention reads it;
+//!   which also rounds Q to f16 precision as attention reads it (or writes it as f16 for
+//!   prefill attention);
 //! - `Attention` → [`LayerKernels::attention`]: one block per (token, KV head, ≤ 8 query heads),
 //!   online softmax over K/V tiles in shared memory; when there are too few such blocks to fill
 //!   the GPU (decode), each query's positions are split over more blocks whose partials a
@@ -59,8 +60,12 @@ pub fn modules() -> Vec<(&'static str, Vec<(&'static str, String)>)> {
 /// The fused QK-norm, RoPE and KV store of [`LayerKernels::qk_rope_store`].
 #[derive(Clone, Copy, Debug)]
 pub struct QkRopeStore {
-    /// `m × n_head × head_dim` f32: normed, rotated and rounded to f16 precision in place.
+    /// `m × n_head × head_dim` f32: normed, rotated and rounded to f16 precision in place,
+    /// unless `q16` is given.
     pub q: u64,
+    /// `m × n_head × head_dim` f16 bit patterns: where given, the rotated queries go here and
+    /// `q` is left as it was.
+    pub q16: Option<u64>,
     /// `m × n_head_kv × head_dim` f32 (read only).
     pub k: u64,
     /// `m × n_head_kv × head_dim_v` f32 (read only).
@@ -361,6 +366,9 @@ impl LayerKernels {
             r.n_ctx,
         )?;
         check_ptr("q", r.q, 4)?;
+        if let Some(p) = r.q16 {
+            check_ptr("q16", p, 2)?;
+        }
         check_ptr("k", r.k, 4)?;
         check_ptr("v", r.v, 4)?;
         for (what, w) in [("q_norm", r.q_norm), ("k_norm", r.k_norm)] {
@@ -389,6 +397,7 @@ impl LayerKernels {
             0,
             &[
                 Arg::Ptr(r.q),
+                Arg::Ptr(r.q16.unwrap_or(0)),
                 Arg::Ptr(r.k),
                 Arg::Ptr(r.v),
                 Arg::Ptr(r.q_norm.unwrap_or(0)),

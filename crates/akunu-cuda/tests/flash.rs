@@ -421,6 +421,22 @@ fn prefill_every_head_size_and_group() {
     }
 }
 
+/// The engine's prefill: f16 queries, f32 output.
+#[test]
+fn prefill_with_f16_queries_and_f32_output() {
+    let Some(gpu) = common::gpu() else { return };
+    let mut seed = 850;
+    for d in [32, 64, 128, 256] {
+        let cfg = FlashConfig::new(FlashDtype::F16, d, d).f32_out();
+        let k = FlashKernels::new(&gpu, cfg).unwrap();
+        for group in [1, 4, 8] {
+            let c = Case::new(d, 2 * group, 2, &[150, 3], &[0, 70]);
+            check(&gpu, &k, &c, seed);
+            seed += 1;
+        }
+    }
+}
+
 /// Groups wider than a tile's rows: each token's query heads span one or more whole tiles,
 /// or end part-way into the second (192 heads, 128-row tiles), the last tile of a run partly
 /// filled.
@@ -619,6 +635,7 @@ fn check_rope_fused(
                         gpu,
                         &QkRopeStore {
                             q: q_d.ptr(),
+                            q16: None,
                             k: kd.ptr(),
                             v: vd.ptr(),
                             m,

@@ -325,34 +325,46 @@ fn run_rope(case: &RopeCase, seed: u64) {
     let sd = g.upload(&slots).unwrap();
     let kc = g.upload(&k_init).unwrap();
     let vc = g.upload(&v_init).unwrap();
-    k.qk_rope_store(
-        &g,
-        &QkRopeStore {
-            q: qd.ptr(),
-            k: kd.ptr(),
-            v: vd.ptr(),
-            m,
-            n_head: nh,
-            n_head_kv: hk,
-            head_dim: d,
-            head_dim_v: dv,
-            q_norm: case.q_norm.then(|| qwd.ptr()),
-            k_norm: case.k_norm.then(|| kwd.ptr()),
-            eps,
-            style,
-            n_rot,
-            inv_freq: fd.ptr(),
-            positions: pd.ptr(),
-            slots: sd.ptr(),
-            k_cache: kc.ptr(),
-            v_cache: vc.ptr(),
-            n_ctx,
-        },
-    )
-    .unwrap();
+    let args = |q16| QkRopeStore {
+        q: qd.ptr(),
+        q16,
+        k: kd.ptr(),
+        v: vd.ptr(),
+        m,
+        n_head: nh,
+        n_head_kv: hk,
+        head_dim: d,
+        head_dim_v: dv,
+        q_norm: case.q_norm.then(|| qwd.ptr()),
+        k_norm: case.k_norm.then(|| kwd.ptr()),
+        eps,
+        style,
+        n_rot,
+        inv_freq: fd.ptr(),
+        positions: pd.ptr(),
+        slots: sd.ptr(),
+        k_cache: kc.ptr(),
+        v_cache: vc.ptr(),
+        n_ctx,
+    };
+    // First with f16 queries into their own buffer, which leaves the f32 ones as they were;
+    // then in place, the same values rounded to f16 precision.
+    let q16 = g.upload(&vec![0xffffu16; q.len()]).unwrap();
+    k.qk_rope_store(&g, &args(Some(q16.ptr()))).unwrap();
     let what = format!("qk_rope_store {nh}/{hk}x{d}/{dv} rot {n_rot} {style:?}");
+    assert!(
+        read_f32(&g, &qd, 0, q.len()) == q,
+        "{what}: f32 queries changed though f16 ones were asked for"
+    );
+    k.qk_rope_store(&g, &args(None)).unwrap();
 
     let got_q = read_f32(&g, &qd, 0, q.len());
+    let got_q16 = read_u16(&g, &q16);
+    let bad = got_q
+        .iter()
+        .zip(&got_q16)
+        .position(|(&x, &b)| f16_bits(x) != b);
+    assert!(bad.is_none(), "{what}: f16 queries differ at {bad:?}");
     let mut want_q = Vec::new();
     for (t, &pos) in positions.iter().enumerate() {
         for h in 0..nh {
