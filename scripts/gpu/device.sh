@@ -63,7 +63,8 @@ if [[ $stages == *tests* ]]; then
   if [[ -z ${GPU_TESTS:-} || " $GPU_TESTS " == *" test-flash "* ]]; then
     if AKUNU_CHIP_WGMMA_ATTENTION=0 "$B/test-flash" --test-threads 1 > "$LOGS/test-flash-mma.log" 2>&1; then r=pass; else r=FAIL; fi
     row "test test-flash, mma.sync prefill at every head size: $r"
-    # The wgmma prefill on two persistent blocks: each block takes many work items in turn.
+    # The wgmma prefill on two persistent blocks: each block takes many work items in turn, and
+    # at head size 256 the tests' launches take 128-row tiles (64 on a block per SM).
     if AKUNU_CHIP_WGMMA_PREFILL_BLOCKS=2 "$B/test-flash" --test-threads 1 > "$LOGS/test-flash-2blocks.log" 2>&1; then r=pass; else r=FAIL; fi
     row "test test-flash, wgmma prefill on 2 blocks: $r"
   fi
