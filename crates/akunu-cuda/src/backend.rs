@@ -738,9 +738,10 @@ impl CudaBackend {
                     );
                 };
                 let (d, dv, kvh) = (c.head_dim, c.head_dim_v, c.n_head_kv);
-                let (flash, q) = match self.prefill_queries(m) {
-                    Some(q16) => (&fa.prefill, q16),
-                    None => (&fa.decode, q),
+                // The f16 queries exist where the step before wrote them.
+                let (flash, q) = match (rope, self.prefill_queries(m)) {
+                    (Some(_), Some(q16)) => (&fa.prefill, q16),
+                    _ => (&fa.decode, q),
                 };
                 let args = FlashArgs {
                     q,
