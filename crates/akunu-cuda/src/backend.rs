@@ -185,10 +185,11 @@ pub struct CudaBackend {
 const FLASH_SCRATCH_BYTES: usize = 16 << 20;
 
 /// The engine's FlashAttention: f32 queries for decode-sized passes (whose kernel can norm and
-/// rotate the queries itself), f16 queries for prefill, which `qk_rope_store` writes into
-/// `queries` and the prefill kernels copy into their tiles as they are (converting f32 queries
-/// there held up the first key step of every tile). One scratch serves both: launches are
-/// ordered on the stream.
+/// rotate the queries itself), f16 queries for prefill attention right after `qk_rope_store`,
+/// which writes them into `queries`, and the prefill kernels copy into their tiles as they are
+/// (converting f32 queries there held up the first key step of every tile); any other
+/// attention step reads f32 queries. One scratch serves both modules: launches are ordered on
+/// the stream.
 struct Flash {
     decode: FlashKernels,
     prefill: FlashKernels,
@@ -677,7 +678,10 @@ impl CudaBackend {
                     gpu,
                     &crate::layers::QkRopeStore {
                         q: self.buf(Buf::Q),
-                        q16: self.prefill_queries(m),
+                        // For the attention step right after this one (which checks the same).
+                        q16: self.prefill_queries(m).filter(|_| {
+                            matches!(self.steps.get(i + 1), Some(Step::Attention { .. }))
+                        }),
                         k: self.buf(Buf::K),
                         v: self.buf(Buf::V),
                         m,

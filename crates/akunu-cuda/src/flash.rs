@@ -604,7 +604,14 @@ impl FlashKernels {
         max_kv: usize,
         scratch: usize,
     ) -> Result<Launch, CudaError> {
-        let group = a.n_head / a.n_head_kv.max(1);
+        // `run` checks the arguments first; `scratch_bytes` comes here directly.
+        if a.n_head_kv == 0 || a.n_head < a.n_head_kv {
+            return Err(bad(format!(
+                "{} query heads over {} KV heads",
+                a.n_head, a.n_head_kv
+            )));
+        }
+        let group = a.n_head / a.n_head_kv;
         let decode = is_decode(q, a.n_head, a.n_head_kv);
         let rows = if decode {
             DECODE_ROWS

@@ -902,6 +902,13 @@ fn bad_arguments_are_errors() {
     let mut a = u.args;
     a.n_head = 3;
     assert!(run(&a).is_err(), "3 heads over 2 KV heads");
+    a.n_head = 1;
+    assert!(run(&a).is_err(), "1 head over 2 KV heads");
+    assert_eq!(
+        k.scratch_bytes(&a, &Queries::Runs(&[(0, 3)]), 8),
+        0,
+        "scratch for 1 head over 2 KV heads"
+    );
     let mut a = u.args;
     a.k_stride[2] = 100;
     assert!(run(&a).is_err(), "unaligned key rows");
