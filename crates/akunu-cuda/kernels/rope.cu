@@ -55,8 +55,9 @@ qk_rope_store(float* q, u16* q16, const float* k, const float* v, const float* q
         return;
     }
     const u32 g = is_q ? hh : hh - n_head;
-    const float* src = is_q ? q + ((u64)t * n_head + g) * head_dim
-                            : k + ((u64)t * n_head_kv + g) * head_dim;
+    // The query head's place, in q and in q16.
+    const u64 q_at = ((u64)t * n_head + g) * head_dim;
+    const float* src = is_q ? q + q_at : k + ((u64)t * n_head_kv + g) * head_dim;
     float ss = 0.f;
     for (u32 e = lane; e < head_dim; e += 32) {
         const float x = src[e];
@@ -73,7 +74,6 @@ qk_rope_store(float* q, u16* q16, const float* k, const float* v, const float* q
     }
     __syncwarp();
     // Partners come from the staged head, so the results can go straight out.
-    float* q_dst = q + ((u64)t * n_head + g) * head_dim;
     u16* k_dst = kcache + (((u64)slot * n_head_kv + g) * n_ctx + pos) * head_dim;
     if (!is_q && !store) return;
     for (u32 e = lane; e < head_dim; e += 32) {
@@ -81,9 +81,9 @@ qk_rope_store(float* q, u16* q16, const float* k, const float* v, const float* q
         if (!is_q) {
             k_dst[e] = f32_to_f16(y);
         } else if (q16) {
-            q16[((u64)t * n_head + g) * head_dim + e] = f32_to_f16(y);
+            q16[q_at + e] = f32_to_f16(y);
         } else {
-            q_dst[e] = f16_to_f32(f32_to_f16(y));
+            q[q_at + e] = f16_to_f32(f32_to_f16(y));
         }
     }
 }

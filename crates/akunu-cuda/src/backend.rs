@@ -461,12 +461,17 @@ impl CudaBackend {
             })
     }
 
-    /// Where an `m`-token pass's rotated queries go as f16 for prefill attention (past decode
-    /// sizes, on the FlashAttention kernels); `None` leaves them f32 in `Q`.
-    fn prefill_queries(&self, m: usize) -> Option<u64> {
+    /// Where the `QkRopeStore` step `rope_step` of an `m`-token pass writes its rotated queries
+    /// as f16: for the FlashAttention prefill that reads them right after it (past decode
+    /// sizes). `None` leaves them f32 in `Q`. Both steps ask here, so they agree.
+    fn prefill_queries(&self, rope_step: usize, m: usize) -> Option<u64> {
+        let read_next = matches!(
+            self.steps.get(rope_step + 1),
+            Some(Step::Attention { rope: Some(r), .. }) if *r == rope_step
+        );
         self.flash
             .as_ref()
-            .filter(|_| m > self.gpu.chip.gemv_max_m)
+            .filter(|_| read_next && m > self.gpu.chip.gemv_max_m)
             .map(|f| f.queries.ptr())
     }
 
@@ -678,10 +683,7 @@ impl CudaBackend {
                     gpu,
                     &crate::layers::QkRopeStore {
                         q: self.buf(Buf::Q),
-                        // For the attention step right after this one (which checks the same).
-                        q16: self.prefill_queries(m).filter(|_| {
-                            matches!(self.steps.get(i + 1), Some(Step::Attention { .. }))
-                        }),
+                        q16: self.prefill_queries(i, m),
                         k: self.buf(Buf::K),
                         v: self.buf(Buf::V),
                         m,
@@ -742,10 +744,9 @@ impl CudaBackend {
                     );
                 };
                 let (d, dv, kvh) = (c.head_dim, c.head_dim_v, c.n_head_kv);
-                // The f16 queries exist where the step before wrote them.
-                let (flash, q) = match (rope, self.prefill_queries(m)) {
-                    (Some(_), Some(q16)) => (&fa.prefill, q16),
-                    _ => (&fa.decode, q),
+                let (flash, q) = match rope.and_then(|r| self.prefill_queries(r, m)) {
+                    Some(q16) => (&fa.prefill, q16),
+                    None => (&fa.decode, q),
                 };
                 let args = FlashArgs {
                     q,

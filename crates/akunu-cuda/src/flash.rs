@@ -519,7 +519,7 @@ impl FlashKernels {
         let Queries::Runs(runs) = q else {
             return WG_ROWS;
         };
-        if self.cfg.head_dim <= 128 || group == 0 || group > WG_ROWS / 2 {
+        if self.cfg.head_dim <= 128 || group > WG_ROWS / 2 {
             return WG_ROWS;
         }
         let tiles = runs.iter().fold(0usize, |t, &(_, n)| {

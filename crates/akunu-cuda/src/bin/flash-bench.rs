@@ -255,7 +255,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Option<Options>,
             other => return Err(format!("unknown argument {other}")),
         }
     }
-    if SHAPES.iter().filter(|s| o.selects(s)).count() == 0 {
+    if !SHAPES.iter().any(|s| o.selects(s)) {
         return Err("no shape of the selected kinds has that head size".into());
     }
     Ok(Some(o))
