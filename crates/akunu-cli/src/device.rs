@@ -2,7 +2,8 @@
 //!
 //! `--device auto` (the default) tries CUDA and falls back to the CPU with a one-line note
 //! saying why (no driver, no NVRTC, no device); `--device cuda` makes that an error;
-//! `--device cpu` or `-ngl 0` never touches CUDA.
+//! `--device cpu` or `-ngl 0` never touches CUDA. A first run on a GPU compiles its kernels
+//! (seconds to a minute), and says so before it starts.
 
 use std::sync::Arc;
 
@@ -59,6 +60,17 @@ fn open_cuda(model: &Arc<Model>, sizes: &Sizes) -> Result<CudaBackend> {
         bail!("no CUDA device");
     }
     let gpu = akunu_cuda::Gpu::open(0)?;
+    let to_compile = gpu.uncompiled(&akunu_cuda::backend::kernel_modules(model));
+    if to_compile > 0 {
+        let kept = match akunu_cuda::compile::cache_dir() {
+            Some(dir) => format!("once: later runs load them from {}", dir.display()),
+            None => "not kept: no cache directory (set AKUNU_KERNEL_CACHE)".into(),
+        };
+        eprintln!(
+            "note: compiling {to_compile} GPU kernel modules for {} ({kept})",
+            gpu.arch()
+        );
+    }
     Ok(CudaBackend::new(
         gpu,
         model.clone(),

@@ -24,11 +24,12 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use akunu_core::{Activation, Backend, Batch, Buf, EngineError, Model, Op, RopeStyle};
+use akunu_core::{Activation, Backend, Batch, Buf, EngineError, Model, Op, RopeStyle, WeightId};
 use akunu_quant::GgmlType;
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph};
 
+use crate::compile::ModuleSpec;
 use crate::flash::{
     FlashArgs, FlashConfig, FlashDtype, FlashKernels, FlashRope, FlashScratch, Queries,
 };
@@ -198,21 +199,65 @@ struct Flash {
     queries: DeviceBuffer,
 }
 
+/// The FlashAttention build for the model's head sizes, where it has one.
+fn flash_config(c: &akunu_core::ModelConfig) -> Option<FlashConfig> {
+    (FlashConfig::supports(c.head_dim) && FlashConfig::supports(c.head_dim_v))
+        .then(|| FlashConfig::new(FlashDtype::F16, c.head_dim, c.head_dim_v))
+}
+
 fn flash_kernels(
     gpu: &Gpu,
     c: &akunu_core::ModelConfig,
     max_batch: usize,
 ) -> Result<Option<Flash>, CudaError> {
-    if !(FlashConfig::supports(c.head_dim) && FlashConfig::supports(c.head_dim_v)) {
+    let Some(config) = flash_config(c) else {
         return Ok(None);
-    }
-    let config = FlashConfig::new(FlashDtype::F16, c.head_dim, c.head_dim_v);
+    };
     Ok(Some(Flash {
         decode: FlashKernels::new(gpu, config.f32_io())?,
         prefill: FlashKernels::new(gpu, config.f32_out())?,
         scratch: FlashScratch::new(gpu, FLASH_SCRATCH_BYTES + max_batch * 8)?,
         queries: gpu.alloc(max_batch * c.n_head * c.head_dim * 2)?,
     }))
+}
+
+/// The weights the plan reads as matrices (embedding tables, products, logits), in the plan's
+/// order, repeats included.
+fn matrix_ids(model: &Model) -> impl Iterator<Item = WeightId> + '_ {
+    model.plan.ops.iter().filter_map(|op| match op {
+        Op::Embed { table, .. } => Some(*table),
+        Op::MatMul { weight, .. } | Op::Logits { weight, .. } => Some(*weight),
+        _ => None,
+    })
+}
+
+/// The weight types of the matrices the plan reads, each once, in the plan's order.
+fn matrix_types(model: &Model) -> Vec<GgmlType> {
+    let weights = model.weights();
+    let mut types: Vec<GgmlType> = Vec::new();
+    for id in matrix_ids(model) {
+        let ty = weights[id.0 as usize].ty;
+        if !types.contains(&ty) {
+            types.push(ty);
+        }
+    }
+    types
+}
+
+/// Every kernel module a backend for `model` loads. [`CudaBackend::new`] compiles the missing
+/// ones together; a caller can ask [`Gpu::uncompiled`] beforehand whether it will have to.
+pub fn kernel_modules(model: &Model) -> Vec<ModuleSpec> {
+    let types = matrix_types(model);
+    let mut v = vec![("chain.cu", Vec::new())];
+    v.extend(crate::matmul::modules_for(&types));
+    v.extend(crate::gemm::modules_for(&types));
+    v.extend(crate::layers::modules());
+    v.extend(crate::sample::modules());
+    if let Some(f) = flash_config(&model.config) {
+        v.push(f.f32_io().module());
+        v.push(f.f32_out().module());
+    }
+    v
 }
 
 fn backend_err(e: CudaError) -> EngineError {
@@ -240,27 +285,19 @@ impl CudaBackend {
         opts: CudaOptions,
     ) -> Result<CudaBackend, CudaError> {
         let c = model.config.clone();
+        gpu.prepare(&kernel_modules(&model))?;
         let weights = model.weights();
         let mut matrices: Vec<Option<DeviceMatrix>> = (0..weights.len()).map(|_| None).collect();
-        let mut types: Vec<GgmlType> = Vec::new();
-        for op in &model.plan.ops {
-            let id = match op {
-                Op::Embed { table, .. } => *table,
-                Op::MatMul { weight, .. } => *weight,
-                Op::Logits { weight, .. } => *weight,
-                _ => continue,
-            };
+        for id in matrix_ids(&model) {
             let i = id.0 as usize;
             if matrices[i].is_none() {
                 let w = &weights[i];
                 let m = DeviceMatrix::upload(&gpu, w.ty, model.weight_bytes(id), w.rows, w.cols)
                     .map_err(|e| CudaError::Unsupported(format!("{}: {e}", w.name)))?;
-                if !types.contains(&w.ty) {
-                    types.push(w.ty);
-                }
                 matrices[i] = Some(m);
             }
         }
+        let types = matrix_types(&model);
         let mm = MatmulKernels::new(&gpu, &types)?;
         let gemm = GemmKernels::new(&gpu, &types)?;
         let layers = LayerKernels::new(&gpu)?;

@@ -7,11 +7,16 @@
 //! (`$AKUNU_KERNEL_CACHE`, else `$XDG_CACHE_HOME/akunu/kernels`, else `~/.cache/akunu/kernels`)
 //! so a second start loads it in microseconds. A cache that cannot be written only costs the
 //! compile time again. `$AKUNU_KERNEL_DIR` replaces the embedded sources with a directory's
-//! files, for kernel work without a rebuild.
+//! files, for kernel work without a rebuild. A backend knows every module it will ask for
+//! before it asks ([`ModuleSpec`] lists), so a first start compiles them together, one NVRTC
+//! program per thread ([`compile_many`]; NVRTC allows concurrent calls on distinct programs;
+//! `$AKUNU_COMPILE_THREADS` bounds the threads, each of which may take ~300 MB).
 
 use std::borrow::Cow;
 use std::ffi::{c_char, CStr, CString};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use sha2::{Digest, Sha256};
 
@@ -91,6 +96,9 @@ fn expand_into(name: &str, out: &mut String, seen: &mut Vec<String>) -> Result<(
     Ok(())
 }
 
+/// A kernel module before the architecture is known: its source file and `-D` defines.
+pub type ModuleSpec = (&'static str, Vec<(&'static str, String)>);
+
 /// What one compiled module is specialised for.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ModuleKey {
@@ -163,7 +171,8 @@ pub fn nvrtc_present() -> bool {
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
 }
 
-fn cache_dir() -> Option<PathBuf> {
+/// The directory compiled modules are kept in, if any.
+pub fn cache_dir() -> Option<PathBuf> {
     if let Some(d) = std::env::var_os("AKUNU_KERNEL_CACHE") {
         return Some(PathBuf::from(d));
     }
@@ -183,16 +192,29 @@ pub struct Compiled {
     pub log: String,
 }
 
-/// Compiles (or loads from the cache) the module for `key`.
-pub fn compile(key: &ModuleKey) -> Result<Compiled, CudaError> {
-    if !nvrtc_present() {
-        return Err(CudaError::NoNvrtc);
-    }
+/// Where `key`'s cubin is kept (None without a cache directory), with the expanded source and
+/// the options that name it.
+fn cache_entry(key: &ModuleKey) -> Result<(Option<PathBuf>, String, Vec<String>), CudaError> {
     let src = expand(&key.file)?;
     let options = key.options();
     let digest = key.digest(&src, &options);
     let stem = key.file.trim_end_matches(".cu");
     let path = cache_dir().map(|d| d.join(format!("{stem}-{}-{digest}.cubin", key.arch)));
+    Ok((path, src, options))
+}
+
+/// Whether `key`'s module is in the disk cache, so [`compile`] would only read it.
+pub fn is_cached(key: &ModuleKey) -> bool {
+    nvrtc_present()
+        && matches!(cache_entry(key), Ok((Some(p), _, _)) if p.metadata().is_ok_and(|m| m.len() > 0))
+}
+
+/// Compiles (or loads from the cache) the module for `key`.
+pub fn compile(key: &ModuleKey) -> Result<Compiled, CudaError> {
+    if !nvrtc_present() {
+        return Err(CudaError::NoNvrtc);
+    }
+    let (path, src, options) = cache_entry(key)?;
     if let Some(p) = &path {
         if let Ok(image) = std::fs::read(p) {
             if !image.is_empty() {
@@ -206,21 +228,78 @@ pub fn compile(key: &ModuleKey) -> Result<Compiled, CudaError> {
     }
     let (image, log) = nvrtc_cubin(&key.file, &src, &options)?;
     if let Some(p) = &path {
-        // A cache that cannot be written only costs the compile again next time.
-        if let Some(dir) = p.parent() {
-            if std::fs::create_dir_all(dir).is_ok() {
-                let tmp = p.with_extension(format!("tmp{}", std::process::id()));
-                if std::fs::write(&tmp, &image).is_ok() {
-                    let _ = std::fs::rename(&tmp, p);
-                }
-            }
-        }
+        store(p, &image);
     }
     Ok(Compiled {
         image,
         cached: false,
         log,
     })
+}
+
+/// Writes a cubin into the cache through a file of its own name, renamed into place, so
+/// readers (other threads or processes compiling the same module) never see half of one. A
+/// cache that cannot be written only costs the compile again next time.
+fn store(path: &Path, image: &[u8]) {
+    static WRITES: AtomicUsize = AtomicUsize::new(0);
+    let Some(dir) = path.parent() else { return };
+    if std::fs::create_dir_all(dir).is_err() {
+        return;
+    }
+    let n = WRITES.fetch_add(1, Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
+    if std::fs::write(&tmp, image).is_ok() && std::fs::rename(&tmp, path).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+/// Most NVRTC programs compiled at once by default: each takes up to ~300 MB of memory.
+const MAX_COMPILE_THREADS: usize = 8;
+
+/// How many modules [`compile_many`] compiles at once: `$AKUNU_COMPILE_THREADS` when set to a
+/// positive number, else a thread per core up to `MAX_COMPILE_THREADS`.
+fn compile_threads() -> usize {
+    std::env::var("AKUNU_COMPILE_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(MAX_COMPILE_THREADS)
+        })
+}
+
+/// [`compile`] for every key, several at once (`$AKUNU_COMPILE_THREADS`, else a thread per core
+/// up to eight), the largest sources first so the longest compiles start at once. The results
+/// are in the order of `keys`.
+pub fn compile_many(keys: &[ModuleKey]) -> Vec<Result<Compiled, CudaError>> {
+    let threads = compile_threads().min(keys.len());
+    let mut order: Vec<(usize, usize)> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (expand(&k.file).map_or(0, |s| s.len()), i))
+        .collect();
+    order.sort_by(|a, b| b.cmp(a));
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<Result<Compiled, CudaError>>>> =
+        Mutex::new(keys.iter().map(|_| None).collect());
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                while let Some(&(_, i)) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    let r = compile(&keys[i]);
+                    results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(r);
+                }
+            });
+        }
+    });
+    results
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .into_iter()
+        .map(|r| r.expect("every key is taken by a thread"))
+        .collect()
 }
 
 /// The cubin and the compile's log.

@@ -34,6 +34,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
+use crate::compile::ModuleSpec;
 use crate::gpu::{DeviceBuffer, Gpu, Kernel, TensorMap};
 use crate::CudaError;
 
@@ -134,6 +135,11 @@ impl FlashConfig {
         head_dim > 0 && head_dim.is_multiple_of(16) && head_dim <= 256
     }
 
+    /// The kernel module [`FlashKernels::new`] compiles for this build.
+    pub fn module(&self) -> ModuleSpec {
+        ("flash.cu", self.defines())
+    }
+
     fn defines(&self) -> Vec<(&'static str, String)> {
         let mut d = vec![
             ("HEAD_DIM", self.head_dim.to_string()),
@@ -216,7 +222,7 @@ impl FlashConfig {
 }
 
 /// Every module the engine and the benchmark use, for the NVRTC test.
-pub fn modules() -> Vec<(&'static str, Vec<(&'static str, String)>)> {
+pub fn modules() -> Vec<ModuleSpec> {
     let mut configs = Vec::new();
     for d in HEAD_DIMS {
         configs.push(FlashConfig::new(FlashDtype::F16, d, d).f32_io());
@@ -226,10 +232,7 @@ pub fn modules() -> Vec<(&'static str, Vec<(&'static str, String)>)> {
         configs.push(FlashConfig::new(FlashDtype::Bf16, d, d));
     }
     configs.push(FlashConfig::new(FlashDtype::F16, 128, 128).with_debug());
-    configs
-        .into_iter()
-        .map(|c| ("flash.cu", c.defines()))
-        .collect()
+    configs.iter().map(FlashConfig::module).collect()
 }
 
 /// One attention problem on the device. Element strides; queries `[token][head][dim]`, K and V

@@ -18,6 +18,7 @@ use akunu_quant::GgmlType;
 
 use bytemuck::{Pod, Zeroable};
 
+use crate::compile::ModuleSpec;
 use crate::gpu::{Arg, DeviceBuffer, Gpu, Kernel};
 use crate::matmul::{for_each_launch, launch_type, DeviceMatrix, Product, MAX_PARTS};
 use crate::CudaError;
@@ -55,8 +56,18 @@ fn defines(ty: GgmlType) -> Vec<(&'static str, String)> {
 }
 
 /// Every module variant [`GemmKernels::new`] can ask for: `gemm.cu` once per weight type.
-pub fn modules() -> Vec<(&'static str, Vec<(&'static str, String)>)> {
-    TYPES.iter().map(|&t| (FILE, defines(t))).collect()
+pub fn modules() -> Vec<ModuleSpec> {
+    modules_for(TYPES)
+}
+
+/// The modules [`GemmKernels::new`] compiles for `types`.
+pub fn modules_for(types: &[GgmlType]) -> Vec<ModuleSpec> {
+    let prep = if types.is_empty() {
+        &[GgmlType::F32][..]
+    } else {
+        types
+    };
+    prep.iter().map(|&t| (FILE, defines(t))).collect()
 }
 
 /// Dynamic shared memory of the kernel with `bm` tokens per block: two stages of an activation

@@ -5,6 +5,7 @@
 //! Buffers are plain `cuMemAlloc` allocations owned by [`DeviceBuffer`]. Every call binds the
 //! context to the calling thread first, so a backend may move between threads.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,7 +15,7 @@ use bytemuck::{Pod, Zeroable};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 
 use crate::chip::ChipConfig;
-use crate::compile::{self, ModuleKey};
+use crate::compile::{self, ModuleKey, ModuleSpec};
 use crate::CudaError;
 
 /// A device allocation; freed on drop.
@@ -351,7 +352,7 @@ impl Gpu {
     }
 
     /// Kernel `name` of `file` (`"norm.cu"`) compiled with `defines`, compiling the module on
-    /// first use (or loading it from the disk cache).
+    /// first use (or loading it from the disk cache) unless [`Gpu::prepare`] has.
     pub fn kernel(
         &self,
         file: &str,
@@ -364,12 +365,7 @@ impl Gpu {
             match modules.get(&key) {
                 Some(m) => m.clone(),
                 None => {
-                    let compiled = compile::compile(&key)?;
-                    self.bind()?;
-                    let m = self
-                        .ctx
-                        .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.image))
-                        .map_err(|e| CudaError::driver(&format!("loading {file}"), e))?;
+                    let m = self.load(file, compile::compile(&key)?)?;
                     modules.insert(key, m.clone());
                     m
                 }
@@ -382,6 +378,57 @@ impl Gpu {
             func,
             name: name.into(),
         })
+    }
+
+    /// Compiles the modules not loaded yet, several at once ([`compile::compile_many`]), and
+    /// loads them, so that [`Gpu::kernel`] finds them.
+    pub fn prepare(&self, modules: &[ModuleSpec]) -> Result<(), CudaError> {
+        let keys = self.missing(modules);
+        let compiled = compile::compile_many(&keys);
+        let mut loaded = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        for (key, c) in keys.into_iter().zip(compiled) {
+            let c = c?;
+            if let Entry::Vacant(slot) = loaded.entry(key) {
+                let m = self.load(&slot.key().file, c)?;
+                slot.insert(m);
+            }
+        }
+        Ok(())
+    }
+
+    /// How many of `modules` [`Gpu::prepare`] would compile: loaded neither in this context
+    /// nor kept in the disk cache.
+    pub fn uncompiled(&self, modules: &[ModuleSpec]) -> usize {
+        self.missing(modules)
+            .iter()
+            .filter(|k| !compile::is_cached(k))
+            .count()
+    }
+
+    /// The keys of `modules` not loaded in this context, each once.
+    fn missing(&self, modules: &[ModuleSpec]) -> Vec<ModuleKey> {
+        let loaded = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        let mut keys: Vec<ModuleKey> = Vec::new();
+        for (file, defines) in modules {
+            let key = ModuleKey::new(file, &self.chip.arch, defines);
+            if !loaded.contains_key(&key) && !keys.contains(&key) {
+                keys.push(key);
+            }
+        }
+        keys
+    }
+
+    /// The modules loaded in this context.
+    pub fn loaded_modules(&self) -> Vec<ModuleKey> {
+        let loaded = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        loaded.keys().cloned().collect()
+    }
+
+    fn load(&self, file: &str, compiled: compile::Compiled) -> Result<Arc<CudaModule>, CudaError> {
+        self.bind()?;
+        self.ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.image))
+            .map_err(|e| CudaError::driver(&format!("loading {file}"), e))
     }
 
     /// Launches `k` on the stream. Errors in the kernel itself surface at the next

@@ -28,6 +28,7 @@ use std::sync::Arc;
 
 use akunu_core::{Activation, RopeStyle};
 
+use crate::compile::ModuleSpec;
 use crate::gpu::{Arg, DeviceBuffer, Gpu, Kernel};
 use crate::CudaError;
 
@@ -50,7 +51,7 @@ const ATT_SPLIT_ALIGN: usize = 32;
 const ATT_SCRATCH_BYTES: usize = 16 << 20;
 
 /// Every kernel module (file, defines) this module can ask [`Gpu::kernel`] for.
-pub fn modules() -> Vec<(&'static str, Vec<(&'static str, String)>)> {
+pub fn modules() -> Vec<ModuleSpec> {
     ["norm.cu", "rope.cu", "attention.cu", "elementwise.cu"]
         .into_iter()
         .map(|f| (f, Vec::new()))

@@ -35,6 +35,7 @@ use akunu_core::Activation;
 use akunu_quant::GgmlType;
 use bytemuck::{Pod, Zeroable};
 
+use crate::compile::ModuleSpec;
 use crate::gpu::{Arg, DeviceBuffer, Gpu, Kernel};
 use crate::CudaError;
 
@@ -268,10 +269,18 @@ fn qtype_define(ty: GgmlType) -> Vec<(&'static str, String)> {
     vec![("QTYPE", (ty as u32).to_string())]
 }
 
-/// Every kernel module variant this file compiles: `(file, defines)`.
-pub fn modules() -> Vec<(&'static str, Vec<(&'static str, String)>)> {
-    let mut v = vec![("gemv.cu", Vec::new())];
-    for &ty in SUPPORTED {
+/// Every kernel module variant this file compiles.
+pub fn modules() -> Vec<ModuleSpec> {
+    modules_for(SUPPORTED)
+}
+
+/// The modules [`MatmulKernels::new`] compiles for `types`.
+pub fn modules_for(types: &[GgmlType]) -> Vec<ModuleSpec> {
+    let mut v = Vec::new();
+    if types.iter().any(|t| t.is_quantized()) {
+        v.push(("gemv.cu", Vec::new()));
+    }
+    for &ty in types {
         v.push(("gemv.cu", qtype_define(ty)));
         v.push(("embed.cu", qtype_define(ty)));
     }

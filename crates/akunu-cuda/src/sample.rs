@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 use akunu_core::sampling::SamplerParams;
 
+use crate::compile::ModuleSpec;
 use crate::gpu::{Arg, DeviceBuffer, Gpu, Kernel};
 use crate::CudaError;
 
@@ -59,7 +60,7 @@ const ARGMAX_MAX_SPLITS: usize = 128;
 const ARGMAX_SPLIT_ROWS: usize = 64;
 
 /// Every kernel module this file compiles.
-pub fn modules() -> Vec<(&'static str, Vec<(&'static str, String)>)> {
+pub fn modules() -> Vec<ModuleSpec> {
     vec![("sample.cu", Vec::new())]
 }
 

@@ -14,16 +14,19 @@
 //! CPU backend's comparison with llama.cpp: RMS error over the spread of the logits); 32
 //! teacher-forced decode steps choosing the CPU's token wherever the CPU's choice is not a near
 //! tie; device-side greedy chains equal to the host loop on the GPU, token for token; passes of
-//! every size from 1 to past the GEMV limit.
+//! every size from 1 to past the GEMV limit; the kernel modules a backend lists beforehand are
+//! the ones it loads.
 
 mod common;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use akunu_core::session::Logits;
 use akunu_core::{Backend, Model, Session};
 use akunu_cpu::{CpuBackend, CpuOptions};
 use akunu_cuda::backend::{CudaBackend, CudaOptions};
+use akunu_cuda::compile::ModuleKey;
 use akunu_tokenizer::EncodeOptions;
 
 /// English prose for the listed models' prompts (several hundred tokens in any vocabulary).
@@ -322,4 +325,32 @@ fn refusals_leave_the_backend_usable() {
     let ok = d.eval(0, &[300, 301], Logits::Last).unwrap();
     assert!(ok.iter().all(|x| x.is_finite()));
     assert_eq!(d.backend().n_ctx(), 32);
+}
+
+#[test]
+fn a_backend_loads_only_the_modules_it_lists() {
+    if common::gpu().is_none() {
+        return;
+    }
+    for TestModel { name, model, .. } in models() {
+        // A GPU of its own, so only this backend's modules are loaded in it.
+        let g = akunu_cuda::Gpu::open(0).unwrap();
+        let listed: HashSet<ModuleKey> = akunu_cuda::backend::kernel_modules(&model)
+            .iter()
+            .map(|(file, defines)| ModuleKey::new(file, g.arch(), defines))
+            .collect();
+        let session = gpu(&g, &model, 64, 1);
+        let loaded: HashSet<ModuleKey> = g.loaded_modules().into_iter().collect();
+        let unlisted: Vec<_> = loaded.difference(&listed).collect();
+        assert!(
+            unlisted.is_empty(),
+            "{name}: loaded but not listed: {unlisted:?}"
+        );
+        assert_eq!(loaded.len(), listed.len(), "{name}");
+        assert_eq!(
+            g.uncompiled(&akunu_cuda::backend::kernel_modules(&model)),
+            0
+        );
+        drop(session);
+    }
 }

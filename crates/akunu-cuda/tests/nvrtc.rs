@@ -1,8 +1,9 @@
 //! Every kernel module the backend can ask for compiles with NVRTC for Hopper (`sm_90a`) and
-//! for an older architecture (`sm_80`), and ptxas serialises no warpgroup MMA (it says so in
-//! the log when, say, a wait leaves the branch that issued its group; the kernel then runs,
-//! several times slower). Needs only libnvrtc, no GPU: CI installs the `nvidia-cuda-nvrtc`
-//! wheel and sets `AKUNU_REQUIRE_NVRTC=1`, so the test cannot pass by skipping there.
+//! for an older architecture (`sm_80`), several at once as a backend's first start compiles
+//! them, and ptxas serialises no warpgroup MMA (it says so in the log when, say, a wait leaves
+//! the branch that issued its group; the kernel then runs, several times slower). Needs only
+//! libnvrtc, no GPU: CI installs the `nvidia-cuda-nvrtc` wheel and sets
+//! `AKUNU_REQUIRE_NVRTC=1`, so the test cannot pass by skipping there.
 
 use akunu_cuda::compile::{self, ModuleKey};
 
@@ -22,25 +23,38 @@ fn every_kernel_module_compiles() {
     assert!(modules.len() >= 10, "only {} modules listed", modules.len());
     // AKUNU_NVRTC_ONLY=flash.cu compiles one source's modules while working on it.
     let only = std::env::var("AKUNU_NVRTC_ONLY").ok();
-    let mut failures = Vec::new();
+    let mut keys = Vec::new();
     for arch in ["sm_90a", "sm_80"] {
         for (file, defines) in &modules {
-            if only.as_deref().is_some_and(|o| o != *file) {
-                continue;
-            }
-            let key = ModuleKey::new(file, arch, defines);
-            match compile::compile(&key) {
-                Ok(c) => {
-                    assert!(!c.image.is_empty());
-                    if c.log
-                        .contains("wgmma.mma_async instructions are serialized")
-                    {
-                        failures.push(format!("{arch} {file} {defines:?}: {}", c.log));
-                    }
-                }
-                Err(e) => failures.push(format!("{arch} {file} {defines:?}: {e}")),
+            if only.as_deref().is_none_or(|o| o == *file) {
+                keys.push(ModuleKey::new(file, arch, defines));
             }
         }
+    }
+    // Together, as a backend compiles them: several NVRTC programs at once.
+    let mut failures = Vec::new();
+    for (key, result) in keys.iter().zip(compile::compile_many(&keys)) {
+        let what = format!("{} {} {:?}", key.arch, key.file, key.defines);
+        match result {
+            Ok(c) => {
+                assert!(!c.image.is_empty() && !c.cached, "{what}");
+                if c.log
+                    .contains("wgmma.mma_async instructions are serialized")
+                {
+                    failures.push(format!("{what}: {}", c.log));
+                }
+            }
+            Err(e) => failures.push(format!("{what}: {e}")),
+        }
+    }
+    // A second pass finds every module in the cache.
+    for key in &keys {
+        assert!(
+            compile::is_cached(key),
+            "{} {} not cached",
+            key.arch,
+            key.file
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
