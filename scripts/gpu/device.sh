@@ -47,6 +47,11 @@ if [[ $stages == *tests* ]]; then
     if AKUNU_CHIP_ROPE_IN_ATTENTION_FROM=0 "$B/test-backend" --test-threads 1 > "$LOGS/test-backend-rope.log" 2>&1; then r=pass; else r=FAIL; fi
     row "test test-backend, RoPE in attention at every head size: $r"
   fi
+  # Decode attention planned for every block that fits an SM, not one block per SM.
+  if [[ -z ${GPU_TESTS:-} || " $GPU_TESTS " == *" test-flash "* ]]; then
+    if AKUNU_CHIP_DECODE_SPREAD=0 "$B/test-flash" --test-threads 1 > "$LOGS/test-flash-packed.log" 2>&1; then r=pass; else r=FAIL; fi
+    row "test test-flash, decode blocks packed as they fit: $r"
+  fi
   # The residual norm products on one block per row group and on clusters of up to 4, and the
   # whole-model checks with the norms apart.
   if [[ -z ${GPU_TESTS:-} || " $GPU_TESTS " == *" test-matmul "* ]]; then

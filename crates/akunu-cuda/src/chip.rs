@@ -73,6 +73,14 @@ pub struct ChipConfig {
     /// from one item to the next on small problems. Split-KV launches (few tiles, long
     /// contexts) keep one block per item.
     pub wgmma_prefill_blocks: usize,
+    /// Split decode attention takes one block per SM: its split count is planned for one
+    /// resident block per SM, and each split launch asks for more than half an SM's shared
+    /// memory, so the block scheduler cannot put two of its blocks on one SM (under dependent
+    /// launch it did, on SMs with room while the previous kernel drained, and those SMs then
+    /// ended the launch): tg128 at depth 4K–32K +4–9 % on llama3.1-8b
+    /// (docs/perf/2026-11-23-decode-spread.md). `AKUNU_CHIP_DECODE_SPREAD=0` plans for every
+    /// block that fits.
+    pub decode_spread: bool,
 }
 
 fn env_override(name: &str, default: usize) -> usize {
@@ -141,6 +149,7 @@ impl ChipConfig {
             compute_capability,
             wgmma_attention: arch == "sm_90a" && env_override("wgmma_attention", 1) != 0,
             wgmma_prefill_blocks: env_override("wgmma_prefill_blocks", 0),
+            decode_spread: env_override("decode_spread", 1) != 0,
             arch,
             sm_count,
             l2_bytes,

@@ -437,8 +437,12 @@ pub struct FlashKernels {
     sm_count: usize,
     /// Persistent blocks of `prefill_wg` at most (`ChipConfig::wgmma_prefill_blocks`).
     wg_blocks: usize,
-    /// Decode blocks resident per SM (shared memory and registers allow).
+    /// Decode blocks per SM that split counts are planned for: one with
+    /// `ChipConfig::decode_spread`, else as many as shared memory and registers allow.
     decode_per_sm: usize,
+    /// Shared memory that keeps a split decode launch to one block per SM
+    /// (`ChipConfig::decode_spread`).
+    spread_smem: Option<usize>,
 }
 
 fn bad(msg: String) -> CudaError {
@@ -467,6 +471,8 @@ impl FlashKernels {
         let decode = gpu.kernel("flash.cu", "flash_decode", &defines)?;
         let decode_turns = gpu.kernel("flash.cu", "flash_decode_turns", &defines)?;
         let limit = gpu.chip.smem_per_block;
+        // A block asking for more than half an SM's shared memory has the SM to itself.
+        let spread_smem = gpu.chip.decode_spread.then(|| limit / 2 + 1024);
         for (k, is_decode) in [(&prefill, false), (&decode, true), (&decode_turns, true)] {
             let smem = cfg.smem(is_decode);
             if smem > limit {
@@ -476,7 +482,8 @@ impl FlashKernels {
                     cfg.head_dim, cfg.head_dim_v
                 )));
             }
-            k.set_max_dynamic_smem(smem)?;
+            let spread = if is_decode { spread_smem } else { None };
+            k.set_max_dynamic_smem(smem.max(spread.unwrap_or(0)))?;
         }
         let prefill_wg =
             if gpu.chip.wgmma_attention && cfg.has_wgmma_prefill() && cfg.wgmma_smem() <= limit {
@@ -486,7 +493,11 @@ impl FlashKernels {
             } else {
                 None
             };
-        let decode_per_sm = gpu.blocks_per_sm(&decode, THREADS, cfg.smem(true))?.max(1);
+        let decode_per_sm = if gpu.chip.decode_spread {
+            1
+        } else {
+            gpu.blocks_per_sm(&decode, THREADS, cfg.smem(true))?.max(1)
+        };
         Ok(FlashKernels {
             cfg,
             prefill,
@@ -499,6 +510,7 @@ impl FlashKernels {
                 n => n.min(gpu.chip.sm_count),
             },
             decode_per_sm,
+            spread_smem,
         })
     }
 
@@ -916,7 +928,13 @@ impl FlashKernels {
                 } else {
                     &self.decode
                 };
-                (k, THREADS, self.cfg.smem(true), grid)
+                // Split launches fit the GPU at one block per SM (`decode_per_sm`); others,
+                // one block per token and head, pack as many as fit.
+                let smem = match self.spread_smem {
+                    Some(s) if l.splits > 1 => s.max(self.cfg.smem(true)),
+                    _ => self.cfg.smem(true),
+                };
+                (k, THREADS, smem, grid)
             }
             (false, Some(wg)) => {
                 // Up to one block per SM, each taking (tile, head chunk, split) items in turn;

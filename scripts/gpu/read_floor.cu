@@ -1,0 +1,102 @@
+// What one event-timed launch can reach: a plain streaming read of the bytes each decode row of
+// `flash-bench` reads (GQA 32/8, head size 128, f16 K and V: 4K, 32K and 128K keys), timed as
+// flash-bench times decode (an L2-clean read flush before each run, one launch between two
+// events, median of 20), beside an empty launch, and the same reads as eight launches over
+// eight buffers between one pair of events (launch latency then overlaps the previous launch).
+// Standalone, for the GPU machine:
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/read_floor \
+//     scripts/gpu/read_floor.cu && /tmp/read_floor
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#include <cuda_runtime.h>
+// Any CUDA error ends the run with its call.
+static void check(cudaError_t e, const char* call) {
+    if (e != cudaSuccess) {
+        printf("%s: %s\n", call, cudaGetErrorString(e));
+        exit(1);
+    }
+}
+#define CK(x) check((x), #x)
+
+constexpr int THREADS = 512, IN_FLIGHT = 8;
+
+// Every 16-byte word of src once, IN_FLIGHT loads a thread outstanding; one word per block out
+// so the loads stay.
+__global__ void __launch_bounds__(THREADS) stream_read(const uint4* __restrict__ src, size_t n, unsigned* out) {
+    unsigned acc = 0;
+    const size_t stride = (size_t)gridDim.x * THREADS;
+    size_t i = (size_t)blockIdx.x * THREADS + threadIdx.x;
+    for (; i + (IN_FLIGHT - 1) * stride < n; i += IN_FLIGHT * stride) {
+        uint4 v[IN_FLIGHT];
+#pragma unroll
+        for (int j = 0; j < IN_FLIGHT; ++j) v[j] = __ldcs(src + i + j * stride);
+#pragma unroll
+        for (int j = 0; j < IN_FLIGHT; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+    }
+    for (; i < n; i += stride) {
+        const uint4 v = __ldcs(src + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9e3779b9u) out[blockIdx.x] = acc;
+}
+
+__global__ void empty() {}
+
+int main() {
+    int sms = 0, l2 = 0;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    const size_t rows[3] = {4096, 32768, 131072};
+    const size_t max_bytes = rows[2] * 8 * 128 * 2 * 2;
+    const int copies = 8;
+    std::vector<uint4*> bufs(copies);
+    for (auto& b : bufs) {
+        CK(cudaMalloc(&b, max_bytes));
+        CK(cudaMemset(b, 1, max_bytes));
+    }
+    uint4* flush;
+    const size_t flush_bytes = (size_t)l2 * 2;
+    CK(cudaMalloc(&flush, flush_bytes));
+    CK(cudaMemset(flush, 2, flush_bytes));
+    unsigned* out;
+    CK(cudaMalloc(&out, 1 << 20));
+    const int grid = sms * 4;
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    auto median = [](std::vector<float> v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+    };
+    auto time_one = [&](auto launch) {
+        std::vector<float> t;
+        for (int it = 0; it < 23; ++it) {
+            stream_read<<<grid, THREADS>>>(flush, flush_bytes / 16, out);
+            CK(cudaEventRecord(e0));
+            launch();
+            CK(cudaEventRecord(e1));
+            CK(cudaEventSynchronize(e1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            if (it >= 3) t.push_back(ms * 1e3f);
+        }
+        return median(t);
+    };
+    printf("%s, %d SMs, L2 %d MB\n", prop.name, sms, l2 >> 20);
+    printf("empty launch: %.1f us\n", time_one([&] { empty<<<1, 32>>>(); }));
+    for (size_t keys : rows) {
+        const size_t bytes = keys * 8 * 128 * 2 * 2;
+        const float one = time_one([&] { stream_read<<<grid, THREADS>>>(bufs[0], bytes / 16, out); });
+        const float eight = time_one([&] {
+            for (int c = 0; c < copies; ++c) stream_read<<<grid, THREADS>>>(bufs[c], bytes / 16, out);
+        }) / copies;
+        printf("%6zu keys, %6.1f MB: one launch %6.1f us (%.2f TB/s), of eight back to back %6.1f us (%.2f TB/s)\n",
+               keys, bytes / 1e6, one, bytes / one / 1e6, eight, bytes / eight / 1e6);
+    }
+    CK(cudaGetLastError());
+    return 0;
+}
