@@ -73,13 +73,13 @@ pub struct ChipConfig {
     /// from one item to the next on small problems. Split-KV launches (few tiles, long
     /// contexts) keep one block per item.
     pub wgmma_prefill_blocks: usize,
-    /// Split decode attention takes one block per SM: its split count is planned for one
-    /// resident block per SM, and each split launch asks for more than half an SM's shared
-    /// memory, so the block scheduler cannot put two of its blocks on one SM (under dependent
-    /// launch it did, on SMs with room while the previous kernel drained, and those SMs then
-    /// ended the launch): tg128 at depth 4K–32K +4–9 % on llama3.1-8b
-    /// (docs/perf/2026-11-23-decode-spread.md). `AKUNU_CHIP_DECODE_SPREAD=0` plans for every
-    /// block that fits.
+    /// Decode attention takes one block per SM: split counts are planned for one resident
+    /// block per SM, and a launch of at most one block per SM asks for more than half an SM's
+    /// shared memory, so the block scheduler cannot put two of its blocks on one SM (under
+    /// dependent launch it did, on SMs with room while the previous kernel drained, and those
+    /// SMs then ended the launch): tg128 on llama3.1-8b +1.4 % at depth 0 and +4–9 % at depth
+    /// 4K–32K (docs/perf/2026-11-23-decode-spread.md). `AKUNU_CHIP_DECODE_SPREAD=0` plans and
+    /// packs every block that fits.
     pub decode_spread: bool,
 }
 

@@ -440,8 +440,8 @@ pub struct FlashKernels {
     /// Decode blocks per SM that split counts are planned for: one with
     /// `ChipConfig::decode_spread`, else as many as shared memory and registers allow.
     decode_per_sm: usize,
-    /// Shared memory that keeps a split decode launch to one block per SM
-    /// (`ChipConfig::decode_spread`).
+    /// Shared memory that keeps a decode launch of at most one block per SM to one block per
+    /// SM (`ChipConfig::decode_spread`).
     spread_smem: Option<usize>,
 }
 
@@ -928,10 +928,11 @@ impl FlashKernels {
                 } else {
                     &self.decode
                 };
-                // Split launches fit the GPU at one block per SM (`decode_per_sm`); others,
-                // one block per token and head, pack as many as fit.
+                // One block per SM wherever the launch fits that way (every split launch does,
+                // by `decode_per_sm`); larger ones pack as many as fit.
+                let blocks = grid.0 as usize * grid.1 as usize * grid.2 as usize;
                 let smem = match self.spread_smem {
-                    Some(s) if l.splits > 1 => s.max(self.cfg.smem(true)),
+                    Some(s) if blocks <= self.sm_count => s.max(self.cfg.smem(true)),
                     _ => self.cfg.smem(true),
                 };
                 (k, THREADS, smem, grid)
