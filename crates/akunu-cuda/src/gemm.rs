@@ -60,14 +60,17 @@ pub fn modules() -> Vec<ModuleSpec> {
     modules_for(TYPES)
 }
 
-/// The modules [`GemmKernels::new`] compiles for `types`.
+/// The modules [`GemmKernels::new`] compiles for `types` (none for a type it refuses).
 pub fn modules_for(types: &[GgmlType]) -> Vec<ModuleSpec> {
-    let prep = if types.is_empty() {
-        &[GgmlType::F32][..]
-    } else {
-        types
-    };
-    prep.iter().map(|&t| (FILE, defines(t))).collect()
+    let mut known: Vec<GgmlType> = types
+        .iter()
+        .copied()
+        .filter(|t| TYPES.contains(t))
+        .collect();
+    if known.is_empty() {
+        known.push(GgmlType::F32);
+    }
+    known.into_iter().map(|t| (FILE, defines(t))).collect()
 }
 
 /// Dynamic shared memory of the kernel with `bm` tokens per block: two stages of an activation

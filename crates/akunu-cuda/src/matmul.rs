@@ -274,13 +274,14 @@ pub fn modules() -> Vec<ModuleSpec> {
     modules_for(SUPPORTED)
 }
 
-/// The modules [`MatmulKernels::new`] compiles for `types`.
+/// The modules [`MatmulKernels::new`] compiles for `types` (none for a type it refuses).
 pub fn modules_for(types: &[GgmlType]) -> Vec<ModuleSpec> {
+    let types: Vec<GgmlType> = types.iter().copied().filter(|&t| supported(t)).collect();
     let mut v = Vec::new();
     if types.iter().any(|t| t.is_quantized()) {
         v.push(("gemv.cu", Vec::new()));
     }
-    for &ty in types {
+    for ty in types {
         v.push(("gemv.cu", qtype_define(ty)));
         v.push(("embed.cu", qtype_define(ty)));
     }
@@ -1368,6 +1369,21 @@ pub fn embed(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn modules_are_listed_for_the_supported_types_only() {
+        for &ty in GgmlType::ALL {
+            let listed = modules_for(&[ty]);
+            let own = qtype_define(ty);
+            let mine = listed.iter().filter(|(_, d)| *d == own).count();
+            assert_eq!(mine, if supported(ty) { 2 } else { 0 }, "{ty}");
+            let quantizer = listed.iter().any(|(_, d)| d.is_empty());
+            assert_eq!(quantizer, supported(ty) && ty.is_quantized(), "{ty}");
+            let gemm = crate::gemm::modules_for(&[ty]);
+            assert_eq!(gemm.len(), 1, "{ty}");
+            assert_eq!(gemm[0].1 == own, crate::gemm::TYPES.contains(&ty), "{ty}");
+        }
+    }
 
     #[test]
     fn layouts_cover_every_byte_of_each_block_once() {
