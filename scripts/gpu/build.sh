@@ -2,7 +2,7 @@
 # Builds, on a development machine, everything the GPU machine runs (it has no Rust), into
 # .gpu/ (git-ignored): the release `akunu` binary, the `flash-bench` attention benchmark, the
 # akunu-cuda test executables (stripped), the tiny test models, the synthetic-model generator
-# and the llama.cpp source archive.
+# and the llama.cpp source archive (packed into .peer/ from PyPI on first use).
 # Then call the device tool with carry [".gpu"] and the command `bash scripts/gpu/device.sh`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,5 +26,11 @@ cp "$refdata"/engine/tiny/*.gguf "$out/tiny/"
 cp "$refdata"/engine/corpus/ppl.txt "$out/"
 shared=$(realpath ../shared 2>/dev/null || true)
 if [ -d "$shared/bench" ]; then cp "$shared"/bench/synth_gguf.py "$shared"/bench/llamacpp-peer.sh "$out/"; fi
+if [ ! -f .peer/llama.cpp.tar.xz ] && [ -d "$shared/bench" ]; then
+  # The sdist's metadata step wants cmake on the PATH.
+  command -v cmake > /dev/null || python3 -m pip install -q cmake
+  bash "$shared"/bench/llamacpp-peer.sh pack .peer \
+    || echo "note: no llama.cpp archive: device.sh's bench stage will have no peer"
+fi
 if [ -f .peer/llama.cpp.tar.xz ]; then cp .peer/llama.cpp.tar.xz "$out/"; fi
 du -sh "$out"; ls -la "$out" "$out/bin"
