@@ -12,7 +12,9 @@
 //!   consecutive keys.
 //!   Nothing is read from the host per call, so a captured graph replays as positions advance:
 //!   each split finds its slice of the keys from the token's position on the device. Decode is
-//!   bound by memory, so it splits the keys until every resident block slot of the GPU works.
+//!   bound by memory, so it splits the keys until every SM holds a block; a launch of at most
+//!   one block per SM asks for enough shared memory to keep it so (`ChipConfig::decode_spread`:
+//!   under dependent launch the scheduler otherwise put two on SMs with room).
 //! - `flash_prefill` (four warps of 32 rows, or 16 for head sizes past 128) for runs of tokens
 //!   of one sequence: tiles of `rows / group` tokens (the query heads of a KV head are packed
 //!   as rows), uploaded as a (first token, count) list, the latest tile of every run first
