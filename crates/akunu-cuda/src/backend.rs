@@ -247,13 +247,17 @@ fn matrix_types(model: &Model) -> Vec<GgmlType> {
 /// Every kernel module a backend for `model` loads. [`CudaBackend::new`] compiles the missing
 /// ones together; a caller can ask [`Gpu::uncompiled`] beforehand whether it will have to.
 pub fn kernel_modules(model: &Model) -> Vec<ModuleSpec> {
-    let types = matrix_types(model);
+    modules_of(&matrix_types(model), &model.config)
+}
+
+/// [`kernel_modules`] given the model's matrix types.
+fn modules_of(types: &[GgmlType], c: &akunu_core::ModelConfig) -> Vec<ModuleSpec> {
     let mut v = vec![("chain.cu", Vec::new())];
-    v.extend(crate::matmul::modules_for(&types));
-    v.extend(crate::gemm::modules_for(&types));
+    v.extend(crate::matmul::modules_for(types));
+    v.extend(crate::gemm::modules_for(types));
     v.extend(crate::layers::modules());
     v.extend(crate::sample::modules());
-    if let Some(f) = flash_config(&model.config) {
+    if let Some(f) = flash_config(c) {
         v.push(f.f32_io().module());
         v.push(f.f32_out().module());
     }
@@ -285,7 +289,8 @@ impl CudaBackend {
         opts: CudaOptions,
     ) -> Result<CudaBackend, CudaError> {
         let c = model.config.clone();
-        gpu.prepare(&kernel_modules(&model))?;
+        let types = matrix_types(&model);
+        gpu.prepare(&modules_of(&types, &c))?;
         let weights = model.weights();
         let mut matrices: Vec<Option<DeviceMatrix>> = (0..weights.len()).map(|_| None).collect();
         for id in matrix_ids(&model) {
@@ -297,7 +302,6 @@ impl CudaBackend {
                 matrices[i] = Some(m);
             }
         }
-        let types = matrix_types(&model);
         let mm = MatmulKernels::new(&gpu, &types)?;
         let gemm = GemmKernels::new(&gpu, &types)?;
         let layers = LayerKernels::new(&gpu)?;
