@@ -686,8 +686,13 @@ __device__ __forceinline__ void row_dots(const QMatrix (&mat)[NR], const int (&r
     pdl_release();
     ready();
     scale = norm_scale(x);
+    // A lane with two chunks in flight (Q8_0 and the 64-value k-quant chunks) refills each slot
+    // with its chunk of the next batch as soon as it is used, so rows longer than a batch do
+    // not drain between batches; with four, the batched walk measured as fast or faster
+    // (docs/perf/2026-11-24-row-dots-ring.md).
+    constexpr bool refill = U <= 2;
     for (int c0 = first; c0 < nch; c0 += step * U) {
-        if (c0 != first) load_batch(c0);
+        if (!refill && c0 != first) load_batch(c0);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             if (c0 + step * u < nch) {
@@ -699,6 +704,11 @@ __device__ __forceinline__ void row_dots(const QMatrix (&mat)[NR], const int (&r
 #pragma unroll
                         for (int r = 0; r < NR; r++) acc[r][t] += dot(w[u][r], a);
                     }
+                }
+                const int next = c0 + step * (U + u);
+                if (refill && next < nch) {
+#pragma unroll
+                    for (int r = 0; r < NR; r++) load_w(w[u][r], mat[r], row[r], next);
                 }
             }
         }
