@@ -59,6 +59,9 @@ if [[ $stages == *tests* ]]; then
       if AKUNU_CHIP_GEMV_NORM=$n "$B/test-matmul" residual_norm --test-threads 1 > "$LOGS/test-matmul-norm$n.log" 2>&1; then r=pass; else r=FAIL; fi
       row "test test-matmul residual_norm, at most $n blocks per group: $r"
     done
+    # The tests' small launches take whole SMs by default; here they share them as large ones do.
+    if AKUNU_CHIP_GEMV_NORM_ALONE=0 "$B/test-matmul" residual_norm --test-threads 1 > "$LOGS/test-matmul-norm-shared.log" 2>&1; then r=pass; else r=FAIL; fi
+    row "test test-matmul residual_norm, blocks sharing SMs: $r"
   fi
   if [[ -z ${GPU_TESTS:-} || " $GPU_TESTS " == *" test-backend "* ]]; then
     if AKUNU_CHIP_GEMV_NORM=0 "$B/test-backend" --test-threads 1 > "$LOGS/test-backend-norms.log" 2>&1; then r=pass; else r=FAIL; fi

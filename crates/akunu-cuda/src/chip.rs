@@ -55,6 +55,14 @@ pub struct ChipConfig {
     /// projection), each block of that product quantizes the input values it reads itself, so
     /// no quantize launch precedes it, if they are at most this many; 0: never.
     pub gemv_norm_quant: usize,
+    /// Residual norm products launched on at most this many blocks (default: half the SMs)
+    /// take a whole SM's shared memory per block, so no block of the next kernel, scheduled
+    /// early under dependent launch, shares their SMs: with most SMs free, such a block only
+    /// ends the next launch late. qwen3-0.6b tg128 +0.7 %, and +4.3 % once its residual norm
+    /// product needed fewer registers and so left room for one
+    /// (docs/perf/2026-11-24-row-dots-ring.md). Launches that fill the GPU keep the early start
+    /// beside them. 0: never.
+    pub gemv_norm_alone: usize,
     /// Decode steps launch their kernels with programmatic dependent launch (Hopper and later),
     /// so each one is scheduled while its predecessor drains; `AKUNU_CHIP_DEPENDENT_LAUNCH=0`
     /// turns it off.
@@ -170,6 +178,7 @@ impl ChipConfig {
             gemv_norm: env_override("gemv_norm", 2).min(if major >= 9 { 4 } else { 1 }),
             gemv_norm_split_bytes: env_override("gemv_norm_split_bytes", 2 << 20),
             gemv_norm_quant: env_override("gemv_norm_quant", 16384),
+            gemv_norm_alone: env_override("gemv_norm_alone", sm_count / 2),
             dependent_launch: major >= 9 && env_override("dependent_launch", 1) != 0,
             rope_in_attention_from: env_override("rope_in_attention_from", 128),
         }

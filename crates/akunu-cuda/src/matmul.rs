@@ -363,13 +363,12 @@ impl MatmulKernels {
             let embed = gpu.kernel("embed.cu", "embed", &defines)?;
             let chip = &gpu.chip;
             let quant_in = ty.is_quantized() && chip.gemv_norm_quant > 0;
-            let norm_kernel = |name: &str, on: bool| {
-                on.then(|| gpu.kernel("gemv.cu", name, &defines))
-                    .transpose()
-            };
-            // The quantizing ones keep the input's levels and sums in shared memory.
-            let norm_q_kernel = |name: &str, on: bool| -> Result<Option<Kernel>, CudaError> {
-                let k = norm_kernel(name, on)?;
+            // The quantizing ones keep the input's levels and sums in shared memory, and
+            // launches on few blocks ask for a whole SM's (`gemv_residual_norm`).
+            let norm_kernel = |name: &str, on: bool| -> Result<Option<Kernel>, CudaError> {
+                let k = on
+                    .then(|| gpu.kernel("gemv.cu", name, &defines))
+                    .transpose()?;
                 if let Some(k) = &k {
                     k.set_max_dynamic_smem(max_norm_quant_smem(gpu))?;
                 }
@@ -383,11 +382,8 @@ impl MatmulKernels {
                 gated_split: gpu.kernel("gemv.cu", "gemv_gated_m1_split", &defines)?,
                 norm: norm_kernel("gemv_m1_norm", chip.gemv_norm > 0)?,
                 norm_split: norm_kernel("gemv_m1_norm_split", chip.gemv_norm > 1)?,
-                norm_q: norm_q_kernel("gemv_m1_norm_q", chip.gemv_norm > 0 && quant_in)?,
-                norm_split_q: norm_q_kernel(
-                    "gemv_m1_norm_split_q",
-                    chip.gemv_norm > 1 && quant_in,
-                )?,
+                norm_q: norm_kernel("gemv_m1_norm_q", chip.gemv_norm > 0 && quant_in)?,
+                norm_split_q: norm_kernel("gemv_m1_norm_split_q", chip.gemv_norm > 1 && quant_in)?,
                 embed,
             });
         }
@@ -1193,6 +1189,13 @@ pub fn gemv_residual_norm(
             max_norm_quant_smem(gpu) * 2 / 3
         )));
     }
+    // All an SM's shared memory where few blocks leave most SMs to the next kernel (the chip
+    // config's `gemv_norm_alone`).
+    let smem = if rows / GROUP * ks <= gpu.chip.gemv_norm_alone {
+        max_norm_quant_smem(gpu)
+    } else {
+        smem
+    };
     let spare = 1 - acts.cur;
     let mut gemv = GemvParams::zeroed();
     gemv.part[0] = GemvPart::of(&Product {
