@@ -1189,9 +1189,10 @@ pub fn gemv_residual_norm(
             max_norm_quant_smem(gpu) * 2 / 3
         )));
     }
+    let grid = rows / GROUP * ks;
     // All an SM's shared memory where few blocks leave most SMs to the next kernel (the chip
     // config's `gemv_norm_alone`).
-    let smem = if rows / GROUP * ks <= gpu.chip.gemv_norm_alone {
+    let smem = if grid <= gpu.chip.gemv_norm_alone {
         max_norm_quant_smem(gpu)
     } else {
         smem
@@ -1222,7 +1223,7 @@ pub fn gemv_residual_norm(
     };
     gpu.launch_cluster_with(
         kernel,
-        ((rows / GROUP * ks) as u32, 1, 1),
+        (grid as u32, 1, 1),
         ((32 * GROUP / rows_per_warp(w.ty, 1)) as u32, 1, 1),
         smem as u32,
         ks as u32,
