@@ -68,9 +68,11 @@ pub struct ChipConfig {
     /// turns it off.
     pub dependent_launch: bool,
     /// Head size from which decode attention does the token's QK-norm, RoPE and KV store
-    /// itself (one launch fewer per layer); below it they keep a launch of their own. At head
-    /// size 64 (llama3.2-1b) the fused kernel measured slower on an H100
-    /// (docs/perf/2026-11-22-rope-in-attention.md). 0: always; a large value: never.
+    /// itself (one launch fewer per layer); below it they keep a launch of their own. Default
+    /// 0, every head size: at head size 64 the fused kernel first measured slower
+    /// (docs/perf/2026-11-22-rope-in-attention.md), but with today's decode kernels llama3.2-1b
+    /// gains 2.5–3.2 % tg128 from depth 0 to 8K (docs/perf/2026-11-24-rope-at-head-64.md). A
+    /// large value: never.
     pub rope_in_attention_from: usize,
     /// Prefill attention runs on Hopper's warpgroup MMA (`flash_prefill_wg`) where the head
     /// sizes allow (64, 128 or 256, equal for K and V); `AKUNU_CHIP_WGMMA_ATTENTION=0` keeps
@@ -180,7 +182,7 @@ impl ChipConfig {
             gemv_norm_quant: env_override("gemv_norm_quant", 16384),
             gemv_norm_alone: env_override("gemv_norm_alone", sm_count / 2),
             dependent_launch: major >= 9 && env_override("dependent_launch", 1) != 0,
-            rope_in_attention_from: env_override("rope_in_attention_from", 128),
+            rope_in_attention_from: env_override("rope_in_attention_from", 0),
         }
     }
 }
