@@ -140,6 +140,9 @@ struct FlashParams {
     u32 tma;
     // flash_prefill_wg: the tiles and head chunks its work items span.
     u32 wg_tiles, wg_heads;
+    // Decode: the splits that fill the wave, which a token takes once each gets a step per
+    // warp; 0: never (see decode()).
+    u32 fill_splits;
 };
 
 // Byte offset of 16-byte chunk c of row r in a tile of `row_bytes` rows: chunks XOR-swizzled by
@@ -1459,13 +1462,18 @@ __device__ __forceinline__ void decode(const FlashParams& p) {
     tile_rows<BM, THREADS>(p, work, t0, 1, kv_len, row_tok, row_head, block_range, tid);
     __syncthreads();
     // The launch's split count suits the longest context it may see (a captured graph replays
-    // it as the context grows); a block's token uses up to eight splits of at least two steps
-    // per warp, and past that splits of at least four: more, shorter splits cost more in the
-    // merge than they save (docs/perf/2026-11-22-decode-splits.md; the host's decode_splits
-    // mirrors this rule). The blocks past them leave at once and the merge waits for no more.
+    // it as the context grows) and what one wave holds. A block's token uses all of the wave's
+    // (fill_splits) where each gets at least one step per warp; otherwise up to eight splits of
+    // at least two steps per warp and past that splits of at least four: more, shorter splits
+    // that leave SMs idle cost more in the merge than they save
+    // (docs/perf/2026-11-22-decode-splits.md, docs/perf/2026-11-24-decode-split-fill.md; the
+    // host's decode_splits mirrors this rule). The blocks past them leave at once and the
+    // merge waits for no more.
     constexpr u32 STEP_KEYS = DEC_WARPS * DEC_KEYS;
     const u32 keys = block_range[1] - block_range[0];
-    const u32 by_keys = max(min(keys / (2 * STEP_KEYS), 8u), keys / (4 * STEP_KEYS));
+    const u32 by_keys = p.fill_splits > 0 && keys / STEP_KEYS >= p.fill_splits
+                            ? p.fill_splits
+                            : max(min(keys / (2 * STEP_KEYS), 8u), keys / (4 * STEP_KEYS));
     const u32 n_split = max(1u, min(p.n_split, by_keys));
     if (work.z >= n_split) return;
     u32 kb, ke;

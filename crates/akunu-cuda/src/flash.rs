@@ -400,7 +400,8 @@ struct FlashParams {
     tma: u32,
     wg_tiles: u32,
     wg_heads: u32,
-    tail: [u32; 12],
+    fill_splits: u32,
+    tail: [u32; 11],
 }
 
 /// Whether queries run on the decode kernel: one token per tile, a token's query heads of one
@@ -409,10 +410,22 @@ fn is_decode(q: &Queries, n_head: usize, n_head_kv: usize) -> bool {
     matches!(q, Queries::PerToken) && n_head / n_head_kv.max(1) <= DECODE_ROWS
 }
 
-/// The splits `flash_decode` gives a token's `keys` keys: up to eight of at least two steps
-/// per warp, past that splits of at least four (docs/perf/2026-11-22-decode-splits.md).
-fn decode_splits(keys: usize) -> usize {
+/// Decode launches whose wave holds at most this many splits of a tile use them all once each
+/// gets a step per warp (measured at 16, eight KV heads on 132 SMs:
+/// docs/perf/2026-11-24-decode-split-fill.md). Wider waves (fewer KV heads) keep the older
+/// rule: their merge of up to a wave's partials in one block is unmeasured.
+const FILL_SPLITS_MAX: usize = 16;
+
+/// The splits `flash_decode` gives a token's `keys` keys: with `fill` (a wave's splits, 0 for
+/// none) all of them where each gets at least one step per warp; otherwise up to eight of at
+/// least two steps, past that splits of at least four. A wave left partly idle gains less from
+/// more splits than their merge costs (docs/perf/2026-11-22-decode-splits.md,
+/// docs/perf/2026-11-24-decode-split-fill.md).
+fn decode_splits(keys: usize, fill: usize) -> usize {
     let step = DECODE_WARPS * DECODE_KEYS;
+    if fill > 0 && keys / step >= fill {
+        return fill;
+    }
     (keys / (2 * step)).min(8).max(keys / (4 * step))
 }
 
@@ -423,6 +436,9 @@ struct Launch {
     n_tiles: usize,
     chunks: usize,
     splits: usize,
+    /// Decode: the splits that fill the wave, which a token takes once each gets a step per
+    /// warp (`decode_splits`); 0: never.
+    fill: usize,
     /// Decode whose planned keys per split (`max_kv` over the splits) reach [`TURN_KEYS`]:
     /// launched as `flash_decode_turns`.
     turns: bool,
@@ -673,12 +689,16 @@ impl FlashKernels {
             }
         };
         let blocks = n_tiles * a.n_head_kv * chunks;
-        let mut splits = 1;
+        let (mut splits, mut fill) = (1, 0);
         if blocks > 0 && blocks <= COUNTERS {
             splits = if decode {
                 // Memory-bound: one wave over every resident slot, and no more than the kernel
                 // uses for `max_kv` keys (it may use fewer for fewer keys).
-                (self.sm_count * self.decode_per_sm / blocks).min(decode_splits(max_kv))
+                let wave = self.sm_count * self.decode_per_sm / blocks;
+                if wave <= FILL_SPLITS_MAX {
+                    fill = wave;
+                }
+                wave.min(decode_splits(max_kv, fill))
             } else if blocks < self.sm_count {
                 (2 * self.sm_count)
                     .div_ceil(blocks)
@@ -699,12 +719,16 @@ impl FlashKernels {
             }
             splits -= 1;
         }
+        if splits < fill {
+            fill = 0;
+        }
         Ok(Launch {
             decode,
             tiles,
             n_tiles,
             chunks,
             splits,
+            fill,
             turns: decode && max_kv.div_ceil(splits) >= TURN_KEYS,
         })
     }
@@ -915,7 +939,8 @@ impl FlashKernels {
             tma: u32::from(maps.is_some()),
             wg_tiles: to_u32("attention tiles", l.n_tiles)?,
             wg_heads: to_u32("attention heads", a.n_head_kv * l.chunks)?,
-            tail: [0; 12],
+            fill_splits: l.fill as u32,
+            tail: [0; 11],
             tma_k: maps.map_or(TensorMap::zeroed(), |m| m.0),
             tma_v: maps.map_or(TensorMap::zeroed(), |m| m.1),
         };
@@ -954,5 +979,24 @@ impl FlashKernels {
             (false, None) => (&self.prefill, THREADS, self.cfg.smem(false), grid),
         };
         gpu.launch_with(kernel, grid, (threads, 1, 1), smem as u32, &p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decode_splits;
+
+    #[test]
+    fn decode_fills_the_wave_once_every_split_gets_a_step_per_warp() {
+        // A wave of 16 splits (eight KV heads on 132 SMs): from 1,024 keys all of them.
+        assert_eq!(decode_splits(1024, 16), 16);
+        assert_eq!(decode_splits(3000, 16), 16);
+        // Below that, up to eight splits of at least 128 keys, then of at least 256.
+        assert_eq!(decode_splits(1023, 16), 7);
+        assert_eq!(decode_splits(512, 16), 4);
+        assert_eq!(decode_splits(100, 16), 0);
+        // Without a fill (a wave too wide), the same rule at every length.
+        assert_eq!(decode_splits(3000, 0), 11);
+        assert_eq!(decode_splits(16_384, 0), 64);
     }
 }
