@@ -71,8 +71,8 @@ pub struct ChipConfig {
     /// itself (one launch fewer per layer); below it they keep a launch of their own. Default
     /// 0, every head size: at head size 64 the fused kernel first measured slower
     /// (docs/perf/2026-11-22-rope-in-attention.md), but with today's decode kernels llama3.2-1b
-    /// gains 2.5–3.2 % tg128 from depth 0 to 8K (docs/perf/2026-11-24-rope-at-head-64.md). A
-    /// large value: never.
+    /// gains 2.5–3.1 % tg128 from depth 0 to 16K on an H200 and 2.3–3.3 % on an H100
+    /// (docs/perf/2026-11-24-rope-at-head-64.md). A large value: never.
     pub rope_in_attention_from: usize,
     /// Prefill attention runs on Hopper's warpgroup MMA (`flash_prefill_wg`) where the head
     /// sizes allow (64, 128 or 256, equal for K and V); `AKUNU_CHIP_WGMMA_ATTENTION=0` keeps
