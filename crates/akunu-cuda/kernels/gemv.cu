@@ -852,10 +852,13 @@ __device__ __forceinline__ const GemvPart& part_of(const GemvParams& P, int b) {
 
 // Chunks in flight per lane in stream_m1: UNROLL, fewer where the ring beside row_dots in one
 // kernel would spill (IQ4_NL at 80 registers; Q3_K, whose chunk alone takes 12 registers,
-// keeps an 8-byte spill in its plain product even so).
+// keeps an 8-byte spill in its plain product even so). Q4_0 keeps three: at 64 registers (its
+// gated product, and its streamed plain one) four slots leave ptxas no room, and three measured
+// faster in decode, the fewer loads in flight notwithstanding: tg128 +2.2 % on llama3.1-8b,
+// +2.4 % on llama3.2-1b (docs/perf/2026-11-24-stream-ring.md).
 #if QTYPE == GGML_Q3_K
 #define RING 2
-#elif QTYPE == GGML_IQ4_NL
+#elif QTYPE == GGML_IQ4_NL || QTYPE == GGML_Q4_0
 #define RING 3
 #else
 #define RING UNROLL
@@ -1014,9 +1017,14 @@ struct GatedJob {
 // m = 1, unsplit rows. A grid of one block per row group (a product the GPU holds at once)
 // takes the batched walk of row_dots: with a single row group per warp the ring has nothing to
 // overlap, and its bookkeeping measured slower there (docs/perf/2026-11-22-gemv-streaming.md).
+// On a grid capped at what the GPU holds, each warp streams its row groups through the ring
+// (stream_m1): in this entry, or where STREAM_APART in gemv_m1_stream, whose register budget is
+// then its own (Q4_0's fits 64 registers with its three ring slots: 32 warps an SM). The host's
+// `streams_apart` (matmul.rs) must agree.
+#define STREAM_APART (QTYPE == GGML_Q4_0)
 extern "C" __global__ void __launch_bounds__(256, M1_MINB) gemv_m1(const GemvParams P) {
     const Acts x = acts_of(P);
-    if ((int)gridDim.x >= P.blocks) {
+    if (STREAM_APART || (int)gridDim.x >= P.blocks) {
         const int b = blockIdx.x;
         const GemvPart& p = part_of(P, b);
         const QMatrix mat = {p.data, p.aux, p.rows, P.cols};
@@ -1026,6 +1034,11 @@ extern "C" __global__ void __launch_bounds__(256, M1_MINB) gemv_m1(const GemvPar
     }
     stream_m1<M1_ROWS>(PlainJob{P}, x, P.blocks, P.early);
 }
+#if STREAM_APART
+extern "C" __global__ void __launch_bounds__(256, 4) gemv_m1_stream(const GemvParams P) {
+    stream_m1<M1_ROWS>(PlainJob{P}, acts_of(P), P.blocks, P.early);
+}
+#endif
 extern "C" __global__ void __launch_bounds__(256, M1_MINB_GATED)
     gemv_gated_m1(const u8* __restrict__ data, const u8* __restrict__ aux, int rows, int cols,
                   const u8* __restrict__ data2, const u8* __restrict__ aux2,

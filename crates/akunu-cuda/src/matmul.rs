@@ -265,6 +265,16 @@ fn repack(l: &Layout, type_size: usize, bytes: &[u8], blocks: usize) -> (Vec<u8>
 }
 
 /// The `-DQTYPE` define of a type's modules.
+/// Whether a type's streamed single-token product has an entry of its own (`gemv_m1_stream`,
+/// kernels/gemv.cu's `STREAM_APART`, which must agree), so that its register budget is its own:
+/// Q4_0's fits 64 registers there, where its block-per-group walk needs 79 (tg128 +2 % on the
+/// Q4_0 models). The other types keep both walks in `gemv_m1`: apart, the Q4_K and Q6_K models
+/// measured 0.2–0.3 % slower and IQ4_NL's block-per-group walk spills
+/// (docs/perf/2026-11-24-stream-ring.md).
+fn streams_apart(ty: GgmlType) -> bool {
+    ty == GgmlType::Q4_0
+}
+
 fn qtype_define(ty: GgmlType) -> Vec<(&'static str, String)> {
     vec![("QTYPE", (ty as u32).to_string())]
 }
@@ -295,6 +305,9 @@ struct TypeKernels {
     gemv: Vec<Kernel>,
     /// `gemv_gated_m{1,2,4,8,16}`.
     gated: Vec<Kernel>,
+    /// `gemv_m1_stream` where the type streams apart ([`streams_apart`]): m = 1 on a capped
+    /// grid, warps streaming row groups; without it `gemv_m1` does both walks.
+    gemv_stream: Option<Kernel>,
     /// `gemv_m1_split` and `gemv_gated_m1_split`: m = 1 with rows split over warps.
     gemv_split: Kernel,
     gated_split: Kernel,
@@ -378,6 +391,9 @@ impl MatmulKernels {
                 ty,
                 gemv,
                 gated,
+                gemv_stream: streams_apart(ty)
+                    .then(|| gpu.kernel("gemv.cu", "gemv_m1_stream", &defines))
+                    .transpose()?,
                 gemv_split: gpu.kernel("gemv.cu", "gemv_m1_split", &defines)?,
                 gated_split: gpu.kernel("gemv.cu", "gemv_gated_m1_split", &defines)?,
                 norm: norm_kernel("gemv_m1_norm", chip.gemv_norm > 0)?,
@@ -438,13 +454,14 @@ impl MatmulKernels {
     }
 
     /// The kernel and grid of a product of `blocks` blocks of `warps` warps in batch variant `v`
-    /// with `ks` warps per row group: the split entry, the streamed m = 1 entry on the capped
-    /// grid, or the variant's entry with a block per row group (`entries`: the split entry and
-    /// the variants' entries).
+    /// with `ks` warps per row group (`entries`: the split entry, the variants' entries and the
+    /// m = 1 streaming entry where it has its own): the split entry; the variant's entry with a
+    /// block per row group where the grid cap allows them all; else the streaming entry (the
+    /// variant's own without one) on the capped grid.
     fn launch_shape<'a>(
         &self,
         gpu: &Gpu,
-        (split, variants): (&'a Kernel, &'a [Kernel]),
+        (split, variants, stream): (&'a Kernel, &'a [Kernel], Option<&'a Kernel>),
         v: usize,
         ks: usize,
         blocks: usize,
@@ -454,14 +471,20 @@ impl MatmulKernels {
             return Ok((split, blocks));
         }
         let k = &variants[v];
-        let cap = match (v, self.cap) {
-            (0, GridCap::Waves(w)) if w > 0 => {
-                w * gpu.chip.sm_count * gpu.blocks_per_sm(k, 32 * warps, 0)?
+        let cap = |kernel: &Kernel| -> Result<usize, CudaError> {
+            Ok(match self.cap {
+                GridCap::Waves(w) => {
+                    w * gpu.chip.sm_count * gpu.blocks_per_sm(kernel, 32 * warps, 0)?
+                }
+                GridCap::Blocks(b) => b,
             }
-            (0, GridCap::Blocks(b)) => b,
-            _ => blocks,
+            .max(1))
         };
-        Ok((k, blocks.min(cap.max(1))))
+        if v != 0 || self.cap == GridCap::Waves(0) || blocks <= cap(k)? {
+            return Ok((k, blocks));
+        }
+        let streaming = stream.unwrap_or(k);
+        Ok((streaming, blocks.min(cap(streaming)?)))
     }
 
     /// Whether [`gemv_residual_norm`] is available (the chip config's `gemv_norm`).
@@ -989,8 +1012,14 @@ fn launch_gemv(
     params.parts = parts.len() as i32;
     params.early = k.early as i32;
     params.blocks = blocks as i32;
-    let (kernel, grid) =
-        k.launch_shape(gpu, (&tk.gemv_split, &tk.gemv), v, ks, blocks, warps as u32)?;
+    let (kernel, grid) = k.launch_shape(
+        gpu,
+        (&tk.gemv_split, &tk.gemv, tk.gemv_stream.as_ref()),
+        v,
+        ks,
+        blocks,
+        warps as u32,
+    )?;
     gpu.launch_with(
         kernel,
         (grid as u32, 1, 1),
@@ -1295,7 +1324,7 @@ pub fn gemv_gated(
     let blocks = w_gate.rows.div_ceil(warps / ks);
     let (kernel, grid) = k.launch_shape(
         gpu,
-        (&tk.gated_split, &tk.gated),
+        (&tk.gated_split, &tk.gated, None),
         v,
         ks,
         blocks,

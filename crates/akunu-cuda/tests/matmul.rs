@@ -1198,7 +1198,8 @@ fn gemv_bandwidth() {
                 .with_split(8, fill),
         ),
     ];
-    // 8B q/o, k/v, down and a gate-sized matrix; the 0.6B q and down; a 150K-row vocabulary.
+    // 8B q/o, k/v, down and a gate-sized matrix; the 0.6B q and down; the vocabularies of
+    // qwen3-0.6b, llama3.2-1b and llama3.1-8b.
     let shapes = [
         (4096, 4096),
         (1024, 4096),
@@ -1207,6 +1208,8 @@ fn gemv_bandwidth() {
         (2048, 1024),
         (1024, 3072),
         (151936, 1024),
+        (128256, 2048),
+        (128256, 4096),
     ];
     for &ty in &types {
         for &(rows, cols) in &shapes {
