@@ -169,6 +169,8 @@ pub struct CudaBackend {
     runs: Vec<(usize, usize)>,
     /// Whether every token of the current batch is the only one of its slot.
     one_per_slot: bool,
+    /// The most keys a token of the current batch sees (its position + 1).
+    batch_keys: usize,
     sampler: SampleKernels,
     /// Captured passes by (tokens, outputs, chain step, one token per slot).
     graphs: HashMap<(usize, usize, bool, bool), Graph>,
@@ -377,6 +379,7 @@ impl CudaBackend {
             layers,
             flash,
             runs: Vec::new(),
+            batch_keys: 0,
             one_per_slot: false,
             sampler,
             graphs: HashMap::new(),
@@ -435,6 +438,7 @@ impl CudaBackend {
                 _ => self.runs.push((t, 1)),
             }
         }
+        self.batch_keys = batch.positions.iter().max().map_or(0, |&p| p as usize + 1);
         self.one_per_slot = batch
             .slots
             .iter()
@@ -824,7 +828,15 @@ impl CudaBackend {
                 let width = c.n_head * dv;
                 let fuse =
                     small && self.mm.quantizes() && flash.writes_int8(&queries, c.n_head, kvh);
-                let max_kv = window.map_or(n_ctx, |w| w.min(n_ctx));
+                // A decode-sized pass is captured and replayed at later positions, so its plan
+                // must hold for any; a larger one plans for the keys its tokens see (prefill
+                // splits the keys only as far as they go).
+                let keys = if small {
+                    n_ctx
+                } else {
+                    self.batch_keys.min(n_ctx)
+                };
+                let max_kv = window.map_or(keys, |w| w.min(keys));
                 self.acts
                     .borrow_mut()
                     .written_by(fuse, out, m, width, |int8_out| {
