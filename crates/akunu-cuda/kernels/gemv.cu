@@ -854,8 +854,8 @@ __device__ __forceinline__ const GemvPart& part_of(const GemvParams& P, int b) {
 // kernel would spill (IQ4_NL at 80 registers; Q3_K, whose chunk alone takes 12 registers,
 // keeps an 8-byte spill in its plain product even so). Fewer slots measured faster in decode,
 // the fewer loads in flight notwithstanding: Q4_0 keeps three (at 64 registers, its gated
-// product and its streamed plain one; tg128 +2.2 % on llama3.1-8b, +2.4 % on llama3.2-1b),
-// Q4_K one (72 registers instead of 80; tg128 +1.6 % on llama3.1-8b q4_k, +1.7 % on qwen3-4b)
+// product and its streamed plain one; tg128 +2.0–2.3 % on the Q4_0 models), Q4_K one (72
+// registers instead of 80; tg128 +1.5 % on llama3.1-8b q4_k, +1.6 % on qwen3-4b q4_k)
 // (docs/perf/2026-11-24-stream-ring.md).
 #if QTYPE == GGML_Q3_K
 #define RING 2

@@ -264,17 +264,17 @@ fn repack(l: &Layout, type_size: usize, bytes: &[u8], blocks: usize) -> (Vec<u8>
     (data, aux)
 }
 
-/// The `-DQTYPE` define of a type's modules.
 /// Whether a type's streamed single-token product has an entry of its own (`gemv_m1_stream`,
 /// kernels/gemv.cu's `STREAM_APART`, which must agree), so that its register budget is its own:
-/// Q4_0's fits 64 registers there, where its block-per-group walk needs 79 (tg128 +2 % on the
-/// Q4_0 models). The other types keep both walks in `gemv_m1`: apart, the Q4_K and Q6_K models
-/// measured 0.2–0.3 % slower and IQ4_NL's block-per-group walk spills
-/// (docs/perf/2026-11-24-stream-ring.md).
+/// Q4_0's fits 64 registers there, where its block-per-group walk needs 79 (with three ring
+/// slots, tg128 +2.0–2.3 % on the Q4_0 models). The other types keep both walks in `gemv_m1`:
+/// apart, the Q4_K and Q6_K models measured 0.2–0.3 % slower and IQ4_NL's block-per-group walk
+/// spilled (docs/perf/2026-11-24-stream-ring.md).
 fn streams_apart(ty: GgmlType) -> bool {
     ty == GgmlType::Q4_0
 }
 
+/// The `-DQTYPE` define of a type's modules.
 fn qtype_define(ty: GgmlType) -> Vec<(&'static str, String)> {
     vec![("QTYPE", (ty as u32).to_string())]
 }
