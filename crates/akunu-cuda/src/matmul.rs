@@ -480,11 +480,17 @@ impl MatmulKernels {
             }
             .max(1))
         };
-        if v != 0 || self.cap == GridCap::Waves(0) || blocks <= cap(k)? {
+        if v != 0 || self.cap == GridCap::Waves(0) {
             return Ok((k, blocks));
         }
-        let streaming = stream.unwrap_or(k);
-        Ok((streaming, blocks.min(cap(streaming)?)))
+        let cap_k = cap(k)?;
+        if blocks <= cap_k {
+            return Ok((k, blocks));
+        }
+        match stream {
+            Some(s) => Ok((s, blocks.min(cap(s)?))),
+            None => Ok((k, cap_k)),
+        }
     }
 
     /// Whether [`gemv_residual_norm`] is available (the chip config's `gemv_norm`).
