@@ -15,8 +15,11 @@ typedef signed char i8;
 // predecessor's writes are visible (so transitively every earlier kernel's), then let the
 // successor's blocks be scheduled as this grid's blocks finish. A kernel with work that needs
 // nothing from its predecessor (the GEMVs' first weight loads, decode attention's stored keys)
-// issues that work first, then calls pdl_wait and pdl_release. Since every kernel waits before
-// it releases, data written two or more launches back may be read before the wait.
+// issues that work first, then calls pdl_wait and pdl_release. Every kernel waits before it
+// releases, except the narrow single-token products (start_product in gemv.cu), which release
+// first, so the kernel after one of those may run beside the one before it. Hence what a kernel
+// reads before its wait must come from no launch that may still run: the products read only
+// weights there, decode attention the step's positions and keys stored by earlier steps.
 __device__ __forceinline__ void pdl_wait() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");

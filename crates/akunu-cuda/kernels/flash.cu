@@ -1437,8 +1437,9 @@ struct DecodeRope {
 // so other launches run no extra instruction (docs/perf/2026-11-23-split-merge.md).
 // Grid (tokens, n_head_kv, splits); dynamic shared memory: the Q tile and each warp's ring.
 // The tile's rows, key ranges and split are worked out before waiting for the predecessor
-// (dependent launch) from q_seq, kv_len and q_pos: those must come from an earlier launch or
-// copy, never the kernel just before. With RoPE fused (DecodeRope) the rotation's angles and
+// (dependent launch) from q_seq, kv_len and q_pos: those must come from a copy or launch before
+// the step's first kernel, never the kernels just before (a narrow q·k·v product releases this
+// launch before its own wait, common.cuh). With RoPE fused (DecodeRope) the rotation's angles and
 // the first stored keys are requested before that wait too.
 template <bool TURNS>
 __device__ __forceinline__ void decode(const FlashParams& p) {

@@ -644,20 +644,38 @@ __device__ __forceinline__ float reduce_values(float (&v)[V], int lane) {
     return s;
 }
 
+// How a product orders its first weight loads, the wait for its predecessor and the release of
+// its successor (`early`, set by the host per launch): the wait first; the loads first (weights
+// never depend on the predecessor, so under dependent launch they overlap its tail); or the
+// release, then the loads, then the wait. The last lets the next kernel's blocks start their own
+// work before the wait ahead, where a narrow product's work after it is too short to cover the
+// next kernel's start (docs/perf/2026-11-24-early-release.md); otherwise a product releases only
+// past its wait, so at most two grids share the SMs.
+#define WAIT_FIRST 0
+#define LOADS_FIRST 1
+#define RELEASE_FIRST 2
+template <class Loads>
+__device__ __forceinline__ void start_product(int early, const Loads& first_loads) {
+    if (early == RELEASE_FIRST) pdl_release();
+    if (early == WAIT_FIRST) pdl_wait();
+    first_loads();
+    if (early != WAIT_FIRST) pdl_wait();
+    if (early != RELEASE_FIRST) pdl_release();
+}
+
 // The dot products of NR rows (row[r] of mat[r]) with up to M tokens; every lane returns
 // partial sums acc[r][t] over its chunks first, first + stride, ... (KS = 1: the stride is 32,
 // known at compile time so the unrolled loads fold it into their offsets; KS = 0: `stride`),
 // and the input's norm_scale, which the caller applies to the reduced sums.
-// The weights do not depend on the preceding kernel, so with `early` the first batch is
-// requested before waiting for it: under dependent launch those loads overlap the
-// predecessor's tail. `ready` runs once the predecessor's writes are visible, before the first
-// activation is read (every thread of the block calls row_dots alike).
+// The first batch of weights is requested as `early` says (start_product); `ready` runs once
+// the predecessor's writes are visible, before the first activation is read (every thread of
+// the block calls row_dots alike).
 struct NothingToPrepare {
     __device__ __forceinline__ void operator()() const {}
 };
 template <int M, int NR, int KS, class X = Acts, class Ready = NothingToPrepare>
 __device__ __forceinline__ void row_dots(const QMatrix (&mat)[NR], const int (&row)[NR],
-                                         const X& x, int m, int first, int stride, bool early,
+                                         const X& x, int m, int first, int stride, int early,
                                          float (&acc)[NR][M], float& scale,
                                          const Ready& ready = Ready{}) {
 #pragma unroll
@@ -679,11 +697,7 @@ __device__ __forceinline__ void row_dots(const QMatrix (&mat)[NR], const int (&r
             }
         }
     };
-    if (!early) pdl_wait();
-    load_batch(first);
-    if (early) pdl_wait();
-    // Released only past the wait, so at most two grids share the SMs.
-    pdl_release();
+    start_product(early, [&] { load_batch(first); });
     ready();
     scale = norm_scale(x);
     // A lane with two chunks in flight (Q8_0 and the 64-value k-quant chunks) refills each slot
@@ -753,7 +767,7 @@ template <int M, int NR, int KS>
 __device__ __forceinline__ void gemv_plain(const QMatrix& mat, const Acts& x, int m,
                                            float* __restrict__ y, int y_stride,
                                            const float* __restrict__ bias, int mode, int block,
-                                           int ksplit, bool early) {
+                                           int ksplit, int early) {
     const int lane = threadIdx.x & 31;
     const Split sp = split_of(block, KS == 1 ? 1 : ksplit);
     const int row0 = sp.group * NR;
@@ -795,7 +809,7 @@ __device__ __forceinline__ void gemv_plain(const QMatrix& mat, const Acts& x, in
 template <int M, int KS>
 __device__ __forceinline__ void gemv_gated(const QMatrix& gate, const QMatrix& up, const Acts& x,
                                            int m, float* __restrict__ y, int y_stride, int act,
-                                           int ksplit, bool early) {
+                                           int ksplit, int early) {
     const int lane = threadIdx.x & 31;
     const Split sp = split_of(blockIdx.x, KS == 1 ? 1 : ksplit);
     const int row = min(sp.group, gate.rows - 1);
@@ -876,7 +890,7 @@ __device__ __forceinline__ const GemvPart& part_of(const GemvParams& P, int b) {
 // names the NR rows the warp reads for block b; `job.store(b, s, lane)` stores after the
 // warp's reduction, s holding in lane r << (5 - log2 NR) the total of row r.
 template <int NR, class Job>
-__device__ __forceinline__ void stream_m1(const Job& job, const Acts& x, int blocks, bool early) {
+__device__ __forceinline__ void stream_m1(const Job& job, const Acts& x, int blocks, int early) {
     const int lane = threadIdx.x & 31;
     const int nch = x.cols / CV;
     const int per = (nch + 31) / 32;
@@ -898,11 +912,10 @@ __device__ __forceinline__ void stream_m1(const Job& job, const Acts& x, int blo
             if (lb < blocks) job.rows(lb, lm, lr);
         }
     };
-    if (!early) pdl_wait();
+    start_product(early, [&] {
 #pragma unroll
-    for (int u = 0; u < RING; u++) refill(w[u]);
-    if (early) pdl_wait();
-    pdl_release();
+        for (int u = 0; u < RING; u++) refill(w[u]);
+    });
     const float scale = norm_scale(x);
     int ck = 0, cb = blockIdx.x;
     float acc[NR];

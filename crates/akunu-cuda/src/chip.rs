@@ -38,6 +38,10 @@ pub struct ChipConfig {
     /// GEMV warps request their first weights before waiting for the preceding kernel (under
     /// dependent launch).
     pub gemv_early_loads: bool,
+    /// Single-token products whose rows are at most one chunk per lane let the next kernel
+    /// start before they wait for the preceding one (under dependent launch): their own work
+    /// after the wait is too short to cover the next kernel's start.
+    pub gemv_narrow_release: bool,
     /// The single-token products with unsplit rows launch at most this many times the blocks
     /// the GPU holds at once, and their warps walk the rest (0: one block per row group).
     pub gemv_waves: usize,
@@ -174,6 +178,7 @@ impl ChipConfig {
             gemv_fill_warps: env_override("gemv_fill_warps", 8),
             gemv_parts: env_override("gemv_parts", 3).clamp(1, crate::matmul::MAX_PARTS),
             gemv_early_loads: env_override("gemv_early_loads", 1) != 0,
+            gemv_narrow_release: env_override("gemv_narrow_release", 1) != 0,
             gemv_waves: env_override("gemv_waves", 1),
             gemv_max_m: env_override("gemv_max_m", crate::matmul::MAX_M)
                 .clamp(1, crate::matmul::MAX_M),

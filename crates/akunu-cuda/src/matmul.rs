@@ -339,6 +339,9 @@ pub struct MatmulKernels {
     parts: usize,
     /// Whether the first weight loads go ahead of the wait for the preceding kernel.
     early: bool,
+    /// Whether narrow single-token products release the next kernel before that wait
+    /// ([`MatmulKernels::start`]).
+    release_narrow: bool,
     /// The largest grid of the streamed single-token products.
     cap: GridCap,
 }
@@ -416,6 +419,7 @@ impl MatmulKernels {
             fill_warps: 0,
             parts: gpu.chip.gemv_parts,
             early: gpu.chip.gemv_early_loads,
+            release_narrow: gpu.chip.gemv_narrow_release,
             cap: GridCap::Waves(gpu.chip.gemv_waves),
         };
         let fill = gpu.chip.sm_count * gpu.chip.gemv_fill_warps;
@@ -440,11 +444,20 @@ impl MatmulKernels {
     /// chip config's `gemv_narrow_warps` for single-token products whose rows are at most one
     /// chunk per lane, else `gemv_warps`.
     fn block_warps(&self, ty: GgmlType, m: usize, cols: usize) -> u32 {
-        if m == 1 && cols <= 32 * chunk_values(ty) {
+        if narrow(ty, m, cols) {
             self.narrow_warps
         } else {
             self.warps
         }
+    }
+
+    /// `early` of a plain or gated product's launch ([`start_mode`]): narrow single-token
+    /// products release the next kernel before their wait. Their work after it (one chunk a
+    /// lane) ends too soon to cover the next kernel's start, which then overlaps the wait
+    /// instead: tg128 +4.9 % on qwen3-0.6b, +5.0 % on Gemma 3 270M
+    /// (docs/perf/2026-11-24-early-release.md).
+    fn start(&self, ty: GgmlType, m: usize, cols: usize) -> i32 {
+        start_mode(self.early, self.release_narrow && narrow(ty, m, cols))
     }
 
     /// The same kernels with the streamed products' grid capped at `cap`.
@@ -552,6 +565,24 @@ fn chunk_values(ty: GgmlType) -> usize {
         T::Q2_K | T::Q3_K | T::Q4_K | T::Q5_K | T::Q6_K => 64,
         _ => 32,
     }
+}
+
+/// How a product's blocks order their first weight loads, the wait for the preceding kernel
+/// and the release of the next one (`early` of `start_product` in `kernels/gemv.cu`): the loads
+/// before the wait where `loads_first` (the chip config's `gemv_early_loads`), and the release
+/// before both where `release_first`.
+fn start_mode(loads_first: bool, release_first: bool) -> i32 {
+    match (loads_first, release_first) {
+        (false, _) => 0,
+        (true, false) => 1,
+        (true, true) => 2,
+    }
+}
+
+/// Whether a product of `cols`-wide rows of type `ty` in batch variant `m` is a single-token
+/// product whose rows are at most one chunk per lane.
+fn narrow(ty: GgmlType, m: usize, cols: usize) -> bool {
+    m == 1 && cols <= 32 * chunk_values(ty)
 }
 
 /// Warps per row group (`ksplit` in `kernels/gemv.cu`): for batch variant 1, the fewest,
@@ -1016,7 +1047,7 @@ fn launch_gemv(
     params.mode = mode;
     params.ksplit = ks as i32;
     params.parts = parts.len() as i32;
-    params.early = k.early as i32;
+    params.early = k.start(ty, M_VARIANTS[v], cols);
     params.blocks = blocks as i32;
     let (kernel, grid) = k.launch_shape(
         gpu,
@@ -1245,7 +1276,9 @@ pub fn gemv_residual_norm(
     gemv.m = 1;
     gemv.ksplit = ks as i32;
     gemv.parts = 1;
-    gemv.early = k.early as i32;
+    // Released past the wait: the o product released first measured 2.1 % slower on
+    // qwen3-4b q4_k, the down product 3 % on qwen3-0.6b (docs/perf/2026-11-24-early-release.md).
+    gemv.early = start_mode(k.early, false);
     gemv.blocks = (rows / GROUP) as i32;
     let params = NormParams {
         gemv,
@@ -1357,7 +1390,7 @@ pub fn gemv_gated(
             Arg::I32(out_stride as i32),
             Arg::I32(act_code),
             Arg::I32(ks as i32),
-            Arg::I32(k.early as i32),
+            Arg::I32(k.start(w_gate.ty, M_VARIANTS[v], w_gate.cols)),
             Arg::Ptr(a.ssq),
             Arg::F32(a.eps),
         ],
@@ -1448,6 +1481,20 @@ mod tests {
             }
             assert!(seen.iter().all(|&s| s == 1), "{ty}: {seen:?}");
         }
+    }
+
+    #[test]
+    fn only_narrow_single_token_products_release_first() {
+        // Rows of at most one chunk a lane: 1,024 values of Q4_0 (qwen3-0.6b), 2,048 of Q4_K.
+        assert!(narrow(GgmlType::Q4_0, 1, 1024));
+        assert!(!narrow(GgmlType::Q4_0, 1, 2048));
+        assert!(!narrow(GgmlType::Q4_0, 2, 1024));
+        assert!(narrow(GgmlType::Q4_K, 1, 2048));
+        assert!(!narrow(GgmlType::Q4_K, 1, 2560));
+        assert_eq!(start_mode(true, false), 1);
+        assert_eq!(start_mode(true, true), 2);
+        // Without early loads every product waits first.
+        assert_eq!(start_mode(false, true), 0);
     }
 
     #[test]
