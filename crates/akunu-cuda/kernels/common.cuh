@@ -41,6 +41,23 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// Sum over the block; every thread gets the total. `red` holds 32 floats of shared memory.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < (blockDim.x >> 5) ? red[lane] : 0.f;
+    v = warp_sum(v);
+    __syncthreads();
+    return v;
+}
+
+// The RMSNorm factor of n values whose squares sum to sum_sq.
+__device__ __forceinline__ float inv_rms(float sum_sq, u32 n, float eps) {
+    return rsqrtf(sum_sq / (float)n + eps);
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

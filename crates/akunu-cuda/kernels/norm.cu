@@ -46,22 +46,6 @@ __device__ __forceinline__ void scale_rows(const float* x, const float* w, float
     }
 }
 
-// Sum over the block; every thread gets the total. `red` holds 32 floats of shared memory.
-__device__ __forceinline__ float block_sum(float v, float* red) {
-    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_sum(v);
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    v = lane < (blockDim.x >> 5) ? red[lane] : 0.f;
-    v = warp_sum(v);
-    __syncthreads();
-    return v;
-}
-
-__device__ __forceinline__ float inv_rms(float sum_sq, u32 n, float eps) {
-    return rsqrtf(sum_sq / (float)n + eps);
-}
-
 // dst[g] = rms_norm(src[g]) * w for n_groups groups of `group` floats (small groups).
 // Work split: one warp per group, blockDim.x / 32 warps per block; grid.x = ceil(groups / warps).
 extern "C" __global__ void rms_norm_warp(const float* src, float* dst, const float* w,

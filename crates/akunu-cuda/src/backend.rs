@@ -547,6 +547,31 @@ impl CudaBackend {
         fits.then_some((next, *eps))
     }
 
+    /// The weights and epsilon of the RMSNorm after the `Embed` step `i`, where the lookup
+    /// applies it ([`crate::matmul::embed_norm`]): a norm of whole rows of the residual into
+    /// `Normed`, of at most `EMBED_NORM_GROUPS` groups of 32.
+    fn norm_after_embed(&self, i: usize) -> Option<(&DeviceBuffer, f32)> {
+        let n_embd = self.model.config.n_embd;
+        let (
+            Some(Step::Embed { .. }),
+            Some(Step::Norm {
+                src: Buf::Residual,
+                dst: Buf::Normed,
+                weight,
+                group,
+                eps,
+            }),
+        ) = (self.steps.get(i), self.steps.get(i + 1))
+        else {
+            return None;
+        };
+        let fits = *group == n_embd
+            && self.widths[Buf::Normed as usize] == n_embd
+            && n_embd.is_multiple_of(32)
+            && n_embd / 32 <= crate::matmul::EMBED_NORM_GROUPS;
+        fits.then_some((weight, *eps))
+    }
+
     /// The rotation of the `QkRopeStore` step `i`, for the attention kernel.
     fn flash_rope(&self, i: usize) -> Option<FlashRope> {
         let Step::QkRopeStore { rope: r, .. } = self.steps.get(i)? else {
@@ -586,15 +611,28 @@ impl CudaBackend {
             return Ok(());
         }
         match step {
-            Step::Embed { table, scale } => crate::matmul::embed(
-                gpu,
-                &self.mm,
-                self.matrix(*table),
-                self.meta_ptr(l.tokens),
-                m,
-                self.buf(Buf::Residual),
-                *scale,
-            ),
+            Step::Embed { table, scale } => {
+                let (table, tokens) = (self.matrix(*table), self.meta_ptr(l.tokens));
+                let residual = self.buf(Buf::Residual);
+                let Some((weight, eps)) = self.norm_after_embed(i) else {
+                    return crate::matmul::embed(gpu, &self.mm, table, tokens, m, residual, *scale);
+                };
+                // The first products take the norm's int8 form from here in decode.
+                let normed = self.buf(Buf::Normed);
+                let fuse = small && self.mm.quantizes();
+                let norm = crate::matmul::EmbedNorm {
+                    weight: weight.ptr(),
+                    eps,
+                    normed,
+                };
+                self.acts
+                    .borrow_mut()
+                    .written_by(fuse, normed, m, c.n_embd, |quantized| {
+                        crate::matmul::embed_norm(
+                            gpu, &self.mm, table, tokens, m, residual, *scale, &norm, quantized,
+                        )
+                    })
+            }
             Step::Norm {
                 src,
                 dst,
@@ -602,6 +640,9 @@ impl CudaBackend {
                 group,
                 eps,
             } => {
+                if i > 0 && self.norm_after_embed(i - 1).is_some() {
+                    return Ok(());
+                }
                 let width = self.widths[*dst as usize];
                 self.layers.rms_norm(
                     gpu,

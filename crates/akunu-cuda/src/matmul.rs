@@ -9,8 +9,8 @@
 //!   reads the same layout through `dequant32`.
 //! - [`ActScratch::prepare`] quantizes an input once to int8 per 32 values with per-group
 //!   scales and level sums (the `q8_1` idea, `kernels/actq.cuh`), and every product of that
-//!   input (q, k and v; gate and up) reuses it. In decode the fused residual add + RMSNorm
-//!   and the attention write that form themselves ([`ActScratch::written_by`]), so the
+//!   input (q, k and v; gate and up) reuses it. In decode the fused residual add + RMSNorm,
+//!   the lookup with the first norm and the attention write that form themselves ([`ActScratch::written_by`]), so the
 //!   products after them launch no quantizer.
 //! - [`gemv_residual_norm`] is the single-token product that closes a decoder block with the
 //!   residual add and the next RMSNorm folded in: it leaves the norm's input undivided by the
@@ -20,7 +20,9 @@
 //!   read serves all m tokens at the speed of memory; F32, F16 and BF16 weights use the f32
 //!   inputs. [`gemv_many`] runs up to three products of one input (q, k and v) in one launch,
 //!   so the small ones do not each pay a launch and a ramp. [`gemv_gated`] computes
-//!   `act(gate·x) * (up·x)` in one launch. [`embed`] gathers dequantized rows.
+//!   `act(gate·x) * (up·x)` in one launch. [`embed`] gathers dequantized rows;
+//!   [`embed_norm`] also applies the first RMSNorm and writes its int8 form, so a pass starts
+//!   with one launch before its first products.
 //! - A launch gives each row group (one warp's rows) several warps, each taking a share of the
 //!   row's columns, when its matrices have too few rows to fill the GPU (see `ksplit`).
 //! - The single-token products with unsplit rows run on a grid capped at what the GPU holds at
@@ -321,6 +323,8 @@ struct TypeKernels {
     norm_q: Option<Kernel>,
     norm_split_q: Option<Kernel>,
     embed: Kernel,
+    /// The lookup with the first RMSNorm ([`embed_norm`]).
+    embed_norm: Kernel,
 }
 
 /// The compiled kernels for a set of weight types.
@@ -377,6 +381,7 @@ impl MatmulKernels {
                 gated.push(gpu.kernel("gemv.cu", &format!("gemv_gated_m{m}"), &defines)?);
             }
             let embed = gpu.kernel("embed.cu", "embed", &defines)?;
+            let embed_norm = gpu.kernel("embed.cu", "embed_norm", &defines)?;
             let chip = &gpu.chip;
             let quant_in = ty.is_quantized() && chip.gemv_norm_quant > 0;
             // The quantizing ones keep the input's levels and sums in shared memory, and
@@ -404,6 +409,7 @@ impl MatmulKernels {
                 norm_q: norm_kernel("gemv_m1_norm_q", chip.gemv_norm > 0 && quant_in)?,
                 norm_split_q: norm_kernel("gemv_m1_norm_split_q", chip.gemv_norm > 1 && quant_in)?,
                 embed,
+                embed_norm,
             });
         }
         let quantize = if out.iter().any(|k| k.ty.is_quantized()) {
@@ -1437,6 +1443,86 @@ pub fn embed(
         ],
     )
 }
+
+/// Where [`embed_norm`] leaves the first RMSNorm of the looked-up rows.
+#[derive(Clone, Copy, Debug)]
+pub struct EmbedNorm {
+    /// The norm's weights, `cols` f32.
+    pub weight: u64,
+    pub eps: f32,
+    /// `norm(row) · weight`, `m × cols` f32.
+    pub normed: u64,
+}
+
+/// [`embed`] into `residual`, then `norm.normed = rms_norm(residual) · norm.weight` per row, and
+/// with `quantized` (levels, sums) the int8 form of `normed` that the products read
+/// ([`ActScratch::written_by`]): a pass's first three launches in one. The table needs at most
+/// 1,024 groups of 32 values a row; every output and the weights 16-byte aligned.
+#[allow(clippy::too_many_arguments)]
+pub fn embed_norm(
+    gpu: &Gpu,
+    k: &MatmulKernels,
+    table: &DeviceMatrix,
+    tokens: u64,
+    m: usize,
+    residual: u64,
+    scale: f32,
+    norm: &EmbedNorm,
+    quantized: Option<(u64, u64)>,
+) -> Result<(), CudaError> {
+    let groups = table.cols / GROUP;
+    let (q, qs) = quantized.unwrap_or((0, 0));
+    let aligned = [residual, norm.weight, norm.normed, q, qs]
+        .iter()
+        .all(|p| p.is_multiple_of(16));
+    if m == 0
+        || m > u16::MAX as usize
+        || tokens == 0
+        || residual == 0
+        || norm.weight == 0
+        || norm.normed == 0
+        || quantized.is_some_and(|(q, qs)| q == 0 || qs == 0)
+        || !aligned
+        || groups > EMBED_NORM_GROUPS
+        || !table.cols.is_multiple_of(GROUP)
+    {
+        return Err(CudaError::Bounds(format!(
+            "embedding {m} tokens of {} values with their norm: needs 1..=65535 tokens, rows of \
+             a multiple of 32 values up to {}, non-null 16-byte aligned outputs and weights",
+            table.cols,
+            EMBED_NORM_GROUPS * GROUP
+        )));
+    }
+    if !(norm.eps.is_finite() && norm.eps >= 0.0) {
+        return Err(CudaError::Bounds(format!("norm epsilon {}", norm.eps)));
+    }
+    let tk = k.of(table.ty)?;
+    let [data, aux, rows, cols] = table.args();
+    gpu.launch(
+        &tk.embed_norm,
+        (m as u32, 1, 1),
+        (groups.next_multiple_of(32) as u32, 1, 1),
+        0,
+        &[
+            data,
+            aux,
+            rows,
+            cols,
+            Arg::Ptr(tokens),
+            Arg::I32(m as i32),
+            Arg::Ptr(residual),
+            Arg::F32(scale),
+            Arg::Ptr(norm.weight),
+            Arg::F32(norm.eps),
+            Arg::Ptr(norm.normed),
+            Arg::Ptr(q),
+            Arg::Ptr(qs),
+        ],
+    )
+}
+
+/// The most groups of 32 values a row of [`embed_norm`] (a thread each, one block a row).
+pub const EMBED_NORM_GROUPS: usize = 1024;
 
 #[cfg(test)]
 mod tests {

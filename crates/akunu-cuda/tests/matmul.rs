@@ -612,6 +612,96 @@ fn embed_matches_dequantize() {
 }
 
 #[test]
+fn embed_norm_matches_the_lookup_and_the_norm() {
+    let Some(gpu) = gpu() else { return };
+    let k = kernels(&gpu);
+    for &ty in TYPES {
+        // 8 groups a row, and 72 (a block of 96 threads, 24 of them idle).
+        for cols in [256, 2304] {
+            let rows = 11;
+            let (bytes, _) = quantized(ty, rows, cols, 7100 + ty as u64);
+            let table = DeviceMatrix::upload(&gpu, ty, &bytes, rows, cols).unwrap();
+            // Repeats, the last row, and an id past the table (a zero row: its norm is zero).
+            let tokens: Vec<u32> = vec![3, 0, rows as u32 - 1, 3, rows as u32];
+            let m = tokens.len();
+            let tb = gpu.upload(&tokens).unwrap();
+            let nw = random(cols, 1.0, 7200 + cols as u64);
+            let nwd = gpu.upload(&nw).unwrap();
+            let (scale, eps) = (1.3f32, 1e-5f32);
+            let looked_up = gpu.upload(&vec![POISON; m * cols]).unwrap();
+            matmul::embed(&gpu, &k, &table, tb.ptr(), m, looked_up.ptr(), scale).unwrap();
+            let mut want_res = vec![0f32; m * cols];
+            gpu.read(&looked_up, 0, &mut want_res).unwrap();
+            for quantize in [false, true] {
+                let what = format!("{ty} {cols} quantized {quantize}");
+                let residual = gpu.upload(&vec![POISON; m * cols]).unwrap();
+                let normed = gpu.upload(&vec![POISON; m * cols]).unwrap();
+                let q = gpu.upload(&vec![0x55u8; m * cols]).unwrap();
+                let qs = gpu.upload(&vec![POISON; m * cols / 8]).unwrap();
+                let norm = matmul::EmbedNorm {
+                    weight: nwd.ptr(),
+                    eps,
+                    normed: normed.ptr(),
+                };
+                let quantized = quantize.then(|| (q.ptr(), qs.ptr()));
+                matmul::embed_norm(
+                    &gpu,
+                    &k,
+                    &table,
+                    tb.ptr(),
+                    m,
+                    residual.ptr(),
+                    scale,
+                    &norm,
+                    quantized,
+                )
+                .unwrap();
+                let mut res = vec![0f32; m * cols];
+                gpu.read(&residual, 0, &mut res).unwrap();
+                // The lookup's values to the bit.
+                assert!(
+                    res.iter()
+                        .zip(&want_res)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{what}: residual differs from the lookup"
+                );
+                let mut got = vec![0f32; m * cols];
+                gpu.read(&normed, 0, &mut got).unwrap();
+                for (t, (row, r)) in got.chunks(cols).zip(res.chunks(cols)).enumerate() {
+                    let ms = r.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / cols as f64;
+                    let inv = 1.0 / (ms + eps as f64).sqrt();
+                    let want: Vec<f64> = r
+                        .iter()
+                        .zip(&nw)
+                        .map(|(&v, &g)| v as f64 * inv * g as f64)
+                        .collect();
+                    let amax = want.iter().fold(0f64, |a, v| a.max(v.abs()));
+                    for (c, (&g, &v)) in row.iter().zip(&want).enumerate() {
+                        assert!(
+                            (g as f64 - v).abs() <= 1e-5 * amax,
+                            "{what}: token {t} [{c}] = {g}, want {v}"
+                        );
+                    }
+                    if tokens[t] as usize >= rows {
+                        assert!(row.iter().all(|&v| v == 0.0), "{what}: id past the table");
+                    }
+                }
+                let mut levels = vec![0i8; m * cols];
+                gpu.read(&q, 0, &mut levels).unwrap();
+                let mut sums = vec![0f32; m * cols / 8];
+                gpu.read(&qs, 0, &mut sums).unwrap();
+                if quantize {
+                    common::check_act_quant(&what, &got, &levels, &sums);
+                } else {
+                    assert!(levels.iter().all(|&l| l == 0x55), "{what}: levels written");
+                    assert!(sums.iter().all(|v| v.is_nan()), "{what}: sums written");
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn bad_arguments_are_refused() {
     let Some(gpu) = gpu() else { return };
     let k = MatmulKernels::new(&gpu, &[GgmlType::Q4_0]).unwrap();
@@ -722,6 +812,25 @@ fn bad_arguments_are_refused() {
         y.ptr() + 4,
         1.0
     )));
+    // The norm's output misaligned, its epsilon not a number.
+    for (normed, eps) in [(y.ptr() + 4, 1e-5), (y.ptr(), f32::NAN)] {
+        let norm = matmul::EmbedNorm {
+            weight: x.ptr(),
+            eps,
+            normed,
+        };
+        assert!(bounds(matmul::embed_norm(
+            &gpu,
+            &k,
+            &w,
+            x.ptr(),
+            1,
+            y.ptr(),
+            1.0,
+            &norm,
+            None
+        )));
+    }
     let other = DeviceMatrix::upload(
         &gpu,
         GgmlType::Q8_0,
