@@ -48,7 +48,8 @@ __global__ void __launch_bounds__(THREADS) link(const float* x, float* y, const 
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     float4 v[N / (4 * THREADS)];
 #pragma unroll
-    for (int u = 0; u < N / (4 * THREADS); u++) v[u] = ((const float4*)x)[threadIdx.x + THREADS * u];
+    for (int u = 0; u < N / (4 * THREADS); u++)
+        v[u] = ((const float4*)x)[threadIdx.x + THREADS * u];
     float s = 0.f;
 #pragma unroll
     for (int u = 0; u < N / (4 * THREADS); u++) s += v[u].x + v[u].y + v[u].z + v[u].w;
@@ -65,7 +66,8 @@ __global__ void __launch_bounds__(THREADS) link(const float* x, float* y, const 
     }
     if (MODE == COUNTER) {
         __syncthreads();
-        if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(done) : "memory");
+        if (threadIdx.x == 0)
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(done) : "memory");
     }
 }
 

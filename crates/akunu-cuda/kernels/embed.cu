@@ -61,7 +61,8 @@ extern "C" __global__ void __launch_bounds__(1024)
             ss += v[k] * v[k];
         }
 #pragma unroll
-        for (int k = 0; k < 8; k++) o[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+        for (int k = 0; k < 8; k++)
+            o[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
     }
     const float r = inv_rms(block_sum(ss, red), (u32)cols, eps);
     if (!mine) return;

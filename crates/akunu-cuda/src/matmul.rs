@@ -10,8 +10,8 @@
 //! - [`ActScratch::prepare`] quantizes an input once to int8 per 32 values with per-group
 //!   scales and level sums (the `q8_1` idea, `kernels/actq.cuh`), and every product of that
 //!   input (q, k and v; gate and up) reuses it. In decode the fused residual add + RMSNorm,
-//!   the lookup with the first norm and the attention write that form themselves ([`ActScratch::written_by`]), so the
-//!   products after them launch no quantizer.
+//!   the lookup with the first norm and the attention write that form themselves
+//!   ([`ActScratch::written_by`]), so the products after them launch no quantizer.
 //! - [`gemv_residual_norm`] is the single-token product that closes a decoder block with the
 //!   residual add and the next RMSNorm folded in: it leaves the norm's input undivided by the
 //!   RMS, with per-group sums of squares, and the products that read it apply the factor to
