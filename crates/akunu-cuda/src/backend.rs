@@ -549,7 +549,7 @@ impl CudaBackend {
 
     /// The weights and epsilon of the RMSNorm after the `Embed` step `i`, where the lookup
     /// applies it ([`crate::matmul::embed_norm`]): a norm of whole rows of the residual into
-    /// `Normed`, of at most `EMBED_NORM_GROUPS` groups of 32.
+    /// `Normed`, of a width the lookup takes ([`crate::matmul::embed_norm_fits`]).
     fn norm_after_embed(&self, i: usize) -> Option<(&DeviceBuffer, f32)> {
         let n_embd = self.model.config.n_embd;
         let (
@@ -567,8 +567,7 @@ impl CudaBackend {
         };
         let fits = *group == n_embd
             && self.widths[Buf::Normed as usize] == n_embd
-            && n_embd.is_multiple_of(32)
-            && n_embd / 32 <= crate::matmul::EMBED_NORM_GROUPS;
+            && crate::matmul::embed_norm_fits(n_embd);
         fits.then_some((weight, *eps))
     }
 

@@ -1483,8 +1483,7 @@ pub fn embed_norm(
         || norm.normed == 0
         || quantized.is_some_and(|(q, qs)| q == 0 || qs == 0)
         || !aligned
-        || groups > EMBED_NORM_GROUPS
-        || !table.cols.is_multiple_of(GROUP)
+        || !embed_norm_fits(table.cols)
     {
         return Err(CudaError::Bounds(format!(
             "embedding {m} tokens of {} values with their norm: needs 1..=65535 tokens, rows of \
@@ -1522,7 +1521,13 @@ pub fn embed_norm(
 }
 
 /// The most groups of 32 values a row of [`embed_norm`] (a thread each, one block a row).
-pub const EMBED_NORM_GROUPS: usize = 1024;
+const EMBED_NORM_GROUPS: usize = 1024;
+
+/// Whether [`embed_norm`] takes rows of `cols` values: whole groups of 32, at most
+/// `EMBED_NORM_GROUPS` of them.
+pub fn embed_norm_fits(cols: usize) -> bool {
+    cols.is_multiple_of(GROUP) && cols / GROUP <= EMBED_NORM_GROUPS
+}
 
 #[cfg(test)]
 mod tests {
@@ -1581,6 +1586,14 @@ mod tests {
         assert_eq!(start_mode(true, true), 2);
         // Without early loads every product waits first.
         assert_eq!(start_mode(false, true), 0);
+    }
+
+    #[test]
+    fn embed_norm_takes_whole_groups_up_to_a_block() {
+        assert!(embed_norm_fits(640));
+        assert!(embed_norm_fits(32 * 1024));
+        assert!(!embed_norm_fits(32 * 1025));
+        assert!(!embed_norm_fits(650));
     }
 
     #[test]
