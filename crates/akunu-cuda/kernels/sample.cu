@@ -263,14 +263,37 @@ __device__ __forceinline__ float gumbel_score(float x, const SampleParams& P, u3
 // ---------------------------------------------------------------------------------------------
 // argmax
 
+// Where a greedy decode chain keeps its state (one row): the token chosen is also appended to
+// out[*count] and positions[0] moves on, so the captured step replays for the next token.
+struct Chain {
+    u32* positions;
+    u32* out;
+    u32* count;
+};
+
+// The row's token into out[row], and into the chain where there is one.
+__device__ __forceinline__ void choose(u32* out, u32 row, u32 bi, const Chain& chain) {
+    const u32 token = bi == 0xffffffffu ? 0 : bi;
+    out[row] = token;
+    if (chain.out) {
+        const u32 i = *chain.count;
+        chain.out[i] = token;
+        chain.positions[0] += 1;
+        *chain.count = i + 1;
+    }
+}
+
 // Grid (splits, m), ARGMAX_THREADS threads. Block b of row r reduces the slice
 // [b * per_block, (b + 1) * per_block) with 16-byte loads when the row is aligned; with one
 // block per row it writes out[r] itself, otherwise the last block of the row reduces the
-// partials (scratch: part_v/part_i at [r * part_stride + b], one ticket per row).
+// partials (scratch: part_v/part_i at [r * part_stride + b], one ticket per row). A chain's
+// pointers (null without) only with one row.
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
 argmax_f32(const float* __restrict__ logits, u32 n, u32 per_block, u32* __restrict__ out,
-           float* part_v, u32* part_i, u32 part_stride, u32* tickets) {
+           float* part_v, u32* part_i, u32 part_stride, u32* tickets, u32* chain_positions,
+           u32* chain_out, u32* chain_count) {
     pdl_begin();
+    const Chain chain = {chain_positions, chain_out, chain_count};
     __shared__ float sv[ARGMAX_THREADS / WARP];
     __shared__ u32 si[ARGMAX_THREADS / WARP];
     __shared__ u32 last;
@@ -314,7 +337,7 @@ argmax_f32(const float* __restrict__ logits, u32 n, u32 per_block, u32* __restri
     }
     block_argmax(bv, bi, sv, si);
     if (splits == 1) {
-        if (threadIdx.x == 0) out[row] = bi == 0xffffffffu ? 0 : bi;
+        if (threadIdx.x == 0) choose(out, row, bi, chain);
         return;
     }
     if (threadIdx.x == 0) {
@@ -335,7 +358,7 @@ argmax_f32(const float* __restrict__ logits, u32 n, u32 per_block, u32* __restri
     }
     block_argmax(bv, bi, sv, si);
     if (threadIdx.x == 0) {
-        out[row] = bi == 0xffffffffu ? 0 : bi;
+        choose(out, row, bi, chain);
         tickets[row] = 0;
     }
 }

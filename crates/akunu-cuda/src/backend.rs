@@ -34,10 +34,10 @@ use crate::flash::{
     FlashArgs, FlashConfig, FlashDtype, FlashKernels, FlashRope, FlashScratch, Queries,
 };
 use crate::gemm::{GemmKernels, GemmScratch};
-use crate::gpu::{Arg, DeviceBuffer, Gpu, Kernel};
+use crate::gpu::{DeviceBuffer, Gpu};
 use crate::layers::LayerKernels;
 use crate::matmul::{ActScratch, DeviceMatrix, MatmulKernels};
-use crate::sample::SampleKernels;
+use crate::sample::{Chain, SampleKernels};
 use crate::CudaError;
 
 /// How the backend is sized.
@@ -174,7 +174,6 @@ pub struct CudaBackend {
     sampler: SampleKernels,
     /// Captured passes by (tokens, outputs, chain step, one token per slot).
     graphs: HashMap<(usize, usize, bool, bool), Graph>,
-    chain_advance: Kernel,
     /// The tokens a chain chose (one per position of the context at most) and their count.
     chain_out: DeviceBuffer,
     chain_counter: DeviceBuffer,
@@ -254,8 +253,7 @@ pub fn kernel_modules(model: &Model) -> Vec<ModuleSpec> {
 
 /// [`kernel_modules`] given the model's matrix types.
 fn modules_of(types: &[GgmlType], c: &akunu_core::ModelConfig) -> Vec<ModuleSpec> {
-    let mut v = vec![("chain.cu", Vec::new())];
-    v.extend(crate::matmul::modules_for(types));
+    let mut v = crate::matmul::modules_for(types);
     v.extend(crate::gemm::modules_for(types));
     v.extend(crate::layers::modules());
     v.extend(crate::sample::modules());
@@ -353,7 +351,6 @@ impl CudaBackend {
         };
         let meta = gpu.alloc(meta_layout.len * 4)?;
         let logits_dev = gpu.alloc(mb * c.n_vocab * 4)?;
-        let chain_advance = gpu.kernel("chain.cu", "chain_advance", &[])?;
         let chain_out = gpu.alloc(opts.n_ctx * 4)?;
         let chain_counter = gpu.alloc(4)?;
         Ok(CudaBackend {
@@ -383,7 +380,6 @@ impl CudaBackend {
             one_per_slot: false,
             sampler,
             graphs: HashMap::new(),
-            chain_advance,
             chain_out,
             chain_counter,
             use_graphs: std::env::var("AKUNU_NO_GRAPHS").is_err(),
@@ -969,30 +965,23 @@ impl CudaBackend {
         }
     }
 
-    /// Launches the pass, plus with `chain` the device-side token choice and position step.
+    /// Launches the pass, plus with `chain` the device-side token choice, which also records
+    /// the token in the chain and moves the position on.
     fn launch_all(&mut self, m: usize, n_out: usize, chain: bool) -> Result<(), CudaError> {
         self.launch_pass(m, n_out)?;
         if chain {
             let l = &self.meta_layout;
-            let (tokens, positions) = (self.meta_ptr(l.tokens), self.meta_ptr(l.positions));
             self.sampler.argmax(
                 &self.gpu,
                 self.logits_dev.ptr(),
                 1,
                 self.model.config.n_vocab,
-                tokens,
-            )?;
-            self.gpu.launch(
-                &self.chain_advance,
-                (1, 1, 1),
-                (32, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(tokens),
-                    Arg::Ptr(positions),
-                    Arg::Ptr(self.chain_out.ptr()),
-                    Arg::Ptr(self.chain_counter.ptr()),
-                ],
+                self.meta_ptr(l.tokens),
+                Some(&Chain {
+                    positions: self.meta_ptr(l.positions),
+                    out: self.chain_out.ptr(),
+                    count: self.chain_counter.ptr(),
+                }),
             )?;
         }
         Ok(())

@@ -38,7 +38,6 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("attention.cu", include_str!("../kernels/attention.cu")),
     ("elementwise.cu", include_str!("../kernels/elementwise.cu")),
     ("sample.cu", include_str!("../kernels/sample.cu")),
-    ("chain.cu", include_str!("../kernels/chain.cu")),
     ("flash.cu", include_str!("../kernels/flash.cu")),
 ];
 

@@ -56,8 +56,7 @@ impl CudaError {
 /// Every kernel module (source file and `-D` defines) the backend can compile, for the test
 /// that compiles them all with NVRTC.
 pub fn all_modules() -> Vec<compile::ModuleSpec> {
-    let mut all = vec![("chain.cu", Vec::new())];
-    all.extend(matmul::modules());
+    let mut all = matmul::modules();
     all.extend(gemm::modules());
     all.extend(layers::modules());
     all.extend(sample::modules());

@@ -99,6 +99,16 @@ struct DeviceRowState {
 const PARAMS_BYTES: usize = std::mem::size_of::<DeviceParams>();
 const STATE_BYTES: usize = std::mem::size_of::<DeviceRowState>();
 
+/// A greedy decode chain's state on the device, which [`SampleKernels::argmax`] advances with
+/// the token it chooses: `out[count] = token`, `count += 1`, `positions[0] += 1` (all `u32`), so a
+/// captured decode step can be replayed for the next token.
+#[derive(Clone, Copy, Debug)]
+pub struct Chain {
+    pub positions: u64,
+    pub out: u64,
+    pub count: u64,
+}
+
 /// The sampling kernels, resolved once, and the argmax's scratch (partials and tickets).
 ///
 /// The scratch is shared by every argmax launched through this value, which is sound because
@@ -169,6 +179,7 @@ impl SampleKernels {
 
     /// Writes to `out` (`u32[m]`) the index of the largest of each row of `logits`
     /// (`f32[m][n_vocab]`); ties go to the lowest index, NaN is skipped, and a row of NaN gives 0.
+    /// With `chain` (one row) the token is also appended to the chain ([`Chain`]).
     pub fn argmax(
         &self,
         gpu: &Gpu,
@@ -176,11 +187,24 @@ impl SampleKernels {
         m: usize,
         n_vocab: usize,
         out: u64,
+        chain: Option<&Chain>,
     ) -> Result<(), CudaError> {
         let n = check_shape(m, n_vocab)?;
         if m == 0 {
             return Ok(());
         }
+        if let Some(c) = chain {
+            if m != 1 || c.positions == 0 || c.out == 0 || c.count == 0 {
+                return Err(CudaError::Bounds(format!(
+                    "a chain's argmax of {m} rows with {c:?}: needs one row and non-null pointers"
+                )));
+            }
+        }
+        let c = chain.copied().unwrap_or(Chain {
+            positions: 0,
+            out: 0,
+            count: 0,
+        });
         let (splits, per_block) = if m <= ARGMAX_SPLIT_ROWS {
             split(n_vocab, ARGMAX_SLICE, ARGMAX_MAX_SPLITS)
         } else {
@@ -204,6 +228,9 @@ impl SampleKernels {
                 Arg::Ptr(part_i),
                 Arg::U32(ARGMAX_MAX_SPLITS as u32),
                 Arg::Ptr(tickets),
+                Arg::Ptr(c.positions),
+                Arg::Ptr(c.out),
+                Arg::Ptr(c.count),
             ],
         )
     }

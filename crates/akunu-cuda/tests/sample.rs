@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use akunu_core::sampling::{Sampler, SamplerParams};
-use akunu_cuda::sample::{SampleKernels, SamplerState, FAST_TOP_K};
+use akunu_cuda::sample::{Chain, SampleKernels, SamplerState, FAST_TOP_K};
 use akunu_cuda::{DeviceBuffer, Gpu};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -305,7 +305,8 @@ fn argmax_matches_cpu_greedy() {
         }
         let buf = upload_rows(&gpu, &rows, offset);
         let out = poisoned_tokens(&gpu, m);
-        k.argmax(&gpu, buf.at(offset * 4), m, n, out.ptr()).unwrap();
+        k.argmax(&gpu, buf.at(offset * 4), m, n, out.ptr(), None)
+            .unwrap();
         let got = read_tokens(&gpu, &out, m);
         for r in 0..m {
             let want = cpu_greedy(&rows[r * n..(r + 1) * n]);
@@ -313,7 +314,7 @@ fn argmax_matches_cpu_greedy() {
         }
         // A second launch reuses the tickets the first one reset.
         let out2 = poisoned_tokens(&gpu, m);
-        k.argmax(&gpu, buf.at(offset * 4), m, n, out2.ptr())
+        k.argmax(&gpu, buf.at(offset * 4), m, n, out2.ptr(), None)
             .unwrap();
         assert_eq!(
             read_tokens(&gpu, &out2, m),
@@ -324,11 +325,61 @@ fn argmax_matches_cpu_greedy() {
 }
 
 #[test]
+fn argmax_advances_a_chain() {
+    let Some(gpu) = common::gpu() else { return };
+    let k = SampleKernels::new(&gpu).unwrap();
+    // One block a row, and 128 blocks merged by the last.
+    for n in [1000, 262_144] {
+        let positions = gpu.upload(&[41u32, 7]).unwrap();
+        let chain_out = gpu.upload(&[u32::MAX; 8]).unwrap();
+        let count = gpu.upload(&[3u32]).unwrap();
+        let chain = Chain {
+            positions: positions.ptr(),
+            out: chain_out.ptr(),
+            count: count.ptr(),
+        };
+        let mut want = Vec::new();
+        for step in 0..2u64 {
+            let row = common::random(n, 4.0, 500 + step + n as u64);
+            want.push(cpu_greedy(&row));
+            let buf = upload_rows(&gpu, &row, 0);
+            let out = poisoned_tokens(&gpu, 1);
+            k.argmax(&gpu, buf.ptr(), 1, n, out.ptr(), Some(&chain))
+                .unwrap();
+            assert_eq!(read_tokens(&gpu, &out, 1), [want[step as usize]], "n {n}");
+        }
+        let mut got = [0u32; 8];
+        gpu.read(&chain_out, 0, &mut got).unwrap();
+        assert_eq!(got[3..5], want[..], "n {n}: the chain's tokens");
+        assert!(
+            got[..3].iter().chain(&got[5..]).all(|&t| t == u32::MAX),
+            "n {n}"
+        );
+        let mut c = [0u32];
+        gpu.read(&count, 0, &mut c).unwrap();
+        assert_eq!(c, [5], "n {n}: the chain's count");
+        let mut p = [0u32; 2];
+        gpu.read(&positions, 0, &mut p).unwrap();
+        assert_eq!(p, [43, 7], "n {n}: the position");
+    }
+    // A chain has one row.
+    let buf = gpu.alloc(64).unwrap();
+    let chain = Chain {
+        positions: buf.ptr(),
+        out: buf.ptr(),
+        count: buf.ptr(),
+    };
+    assert!(k
+        .argmax(&gpu, buf.ptr(), 2, 4, buf.ptr(), Some(&chain))
+        .is_err());
+}
+
+#[test]
 fn argmax_and_sample_reject_bad_shapes() {
     let Some(gpu) = common::gpu() else { return };
     let k = SampleKernels::new(&gpu).unwrap();
     let buf = gpu.alloc(64).unwrap();
-    assert!(k.argmax(&gpu, buf.ptr(), 1, 0, buf.ptr()).is_err());
+    assert!(k.argmax(&gpu, buf.ptr(), 1, 0, buf.ptr(), None).is_err());
     let mut st = SamplerState::new(&gpu, 2, 16).unwrap();
     assert!(k.sample(&gpu, buf.ptr(), 3, 4, &st, buf.ptr()).is_err());
     assert!(k.sample(&gpu, buf.ptr(), 1, 0, &st, buf.ptr()).is_err());
@@ -838,7 +889,7 @@ fn latency_report() {
         gpu.sync().unwrap();
         t.elapsed().as_secs_f64() * 1e6 / iters as f64
     };
-    let argmax = time(&|| k.argmax(&gpu, buf.ptr(), 1, n, out.ptr()).unwrap());
+    let argmax = time(&|| k.argmax(&gpu, buf.ptr(), 1, n, out.ptr(), None).unwrap());
     eprintln!("argmax, 1 x {n}: {argmax:.1} us per launch");
     for (what, p) in [
         ("greedy", params(0.0, 40, 0.95, 0.05, 1)),
