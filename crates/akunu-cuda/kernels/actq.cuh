@@ -6,14 +6,24 @@
 #pragma once
 #include "common.cuh"
 
-// round(v · 127 / amax), half to even, clamped to ±127. The rounding adds 1.5·2^23 (exact
-// for |x| < 2^22, as the scaled values are) instead of a float-to-int conversion, which runs at
-// a quarter of the FP32 rate and dominated the quantizers; the product and the sum stay
-// separate roundings, so the levels are those of __float2int_rn.
-__device__ __forceinline__ int act_level(float v, float amax) {
-    const float x = __fmul_rn(v, 127.0f / amax);
-    const int level = __float_as_int(__fadd_rn(x, 12582912.0f)) - 0x4B400000;
-    return amax > 0.0f ? max(-127, min(127, level)) : 0;
+// The factor a group's values take to their levels: 127 / amax, or 0 for a group of zeros
+// (every level 0).
+__device__ __forceinline__ float act_inv(float amax) { return amax > 0.0f ? 127.0f / amax : 0.0f; }
+
+// round(v · inv), half to even, as the bits of the float ACT_RAW_ZERO + level: adding 1.5·2^23
+// to the scaled value rounds it (exact for |x| < 2^22) without a float-to-int conversion, which
+// runs at a quarter of the FP32 rate. The product and the sum are separate roundings, so the
+// levels are those of __float2int_rn. As |v| ≤ amax, |v · inv| < 127.5: the level needs no
+// clamp, the raw bits' low byte is its int8 and a sum of n raw values is n · ACT_RAW_ZERO plus
+// the levels' sum (mod 2^32).
+constexpr u32 ACT_RAW_ZERO = 0x4B400000u;
+__device__ __forceinline__ u32 act_raw(float v, float inv) {
+    return __float_as_uint(__fadd_rn(__fmul_rn(v, inv), 12582912.0f));
+}
+
+// Four raw levels' int8 bytes, the first in the lowest byte.
+__device__ __forceinline__ u32 pack_raw4(u32 a, u32 b, u32 c, u32 d) {
+    return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
 }
 
 __device__ __forceinline__ float4 act_group_sums(float amax, int first_half, int second_half) {
@@ -34,14 +44,12 @@ __device__ __forceinline__ u32 quantize_group(const float (&v)[VALS], int lane, 
     for (int i = 0; i < VALS; i++) amax = fmaxf(amax, fabsf(v[i]));
 #pragma unroll
     for (int o = 1; o < LANES; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    u32 packed = 0;
-    int half = 0;
+    const float inv = act_inv(amax);
+    u32 raw[4] = {ACT_RAW_ZERO, ACT_RAW_ZERO, ACT_RAW_ZERO, ACT_RAW_ZERO};
 #pragma unroll
-    for (int i = 0; i < VALS; i++) {
-        const int level = act_level(v[i], amax);
-        packed |= (u32)(level & 0xFF) << (8 * i);
-        half += level;
-    }
+    for (int i = 0; i < VALS; i++) raw[i] = act_raw(v[i], inv);
+    const u32 packed = pack_raw4(raw[0], raw[1], raw[2], raw[3]);
+    int half = (int)(raw[0] + raw[1] + raw[2] + raw[3] - 4 * ACT_RAW_ZERO);
     // The first 16 values are in the group's first LANES / 2 lanes.
 #pragma unroll
     for (int o = 1; o < LANES / 2; o <<= 1) half += __shfl_xor_sync(0xffffffffu, half, o);

@@ -81,18 +81,19 @@ extern "C" __global__ void __launch_bounds__(1024)
         for (int e = 0; e < 4; e++) amax = fmaxf(amax, fabsf(v[4 * k + e]));
     }
     if (!q) return;
+    const float inv = act_inv(amax);
     u32 packed[8];
-    int half[2] = {0, 0};
+    u32 raw_sum[2] = {0, 0};
 #pragma unroll
     for (int k = 0; k < 8; k++) {
-        packed[k] = 0;
+        u32 raw[4];
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int level = act_level(v[4 * k + e], amax);
-            packed[k] |= (u32)(level & 0xFF) << (8 * e);
-            half[k / 4] += level;
-        }
+        for (int e = 0; e < 4; e++) raw[e] = act_raw(v[4 * k + e], inv);
+        packed[k] = pack_raw4(raw[0], raw[1], raw[2], raw[3]);
+        raw_sum[k / 4] += raw[0] + raw[1] + raw[2] + raw[3];
     }
+    const int half[2] = {(int)(raw_sum[0] - 16 * ACT_RAW_ZERO),
+                         (int)(raw_sum[1] - 16 * ACT_RAW_ZERO)};
     uint4* q4 = (uint4*)(q + at);
     q4[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
     q4[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
