@@ -7,7 +7,8 @@
 #   GPU_REAL_MODEL=/path/to/gemma-3-270m-q4_k_m.gguf (stage agree: that file's logits, greedy
 #   tokens and perplexity on .gpu/ppl.txt, GPU against the CPU backend)
 #   GPU_TESTS="test-flash test-backend" (default: every test executable)
-#   GPU_SANITIZE_TESTS="test-matmul" GPU_SANITIZE_FILTER="gated_product" (test-name filter)
+#   GPU_SANITIZE_TESTS="test-matmul" GPU_SANITIZE_FILTER="gated_product" (test-name regex)
+#   GPU_SANITIZE_JOBS=12 (sanitizer processes at once) GPU_SANITIZE_LIMIT=540 (seconds a test)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -79,11 +80,26 @@ if [[ $stages == *tests* ]]; then
 fi
 
 if [[ $stages == *sanitize* ]]; then
+  # Every test of every executable (but test-nvrtc, which launches nothing) under memcheck and
+  # racecheck, one process per test and tool, GPU_SANITIZE_JOBS at once (the whole suite one
+  # after another outlasts a call).
+  san=$LOGS/sanitize; mkdir -p "$san"; : > "$san/rc"
+  for n in ${GPU_SANITIZE_TESTS:-$(cd "$B" && ls test-* | grep -vx test-nvrtc)}; do
+    [ -x "$B/$n" ] || continue
+    # Tests that only compile modules start no CUDA context, which the sanitizer reports as a
+    # failure (exit 255).
+    "$B/$n" --list 2>/dev/null | sed -n 's/: test$//p' | grep -E "${GPU_SANITIZE_FILTER:-.}" \
+      | grep -vE 'compiles?$' \
+      | grep -vxFf <("$B/$n" --list --ignored 2>/dev/null | sed -n 's/: test$//p') \
+      | while read -r t; do echo "memcheck $n $t"; echo "racecheck $n $t"; done
+  done | xargs -P "${GPU_SANITIZE_JOBS:-12}" -L 1 bash -c '
+    timeout '"${GPU_SANITIZE_LIMIT:-540}"' compute-sanitizer --tool "$0" --error-exitcode 9 \
+      "'"$B"'/$1" --test-threads 1 --exact "$2" > "'"$san"'/$0-$1-$2.log" 2>&1
+    echo "$? $0 $1 $2" >> "'"$san"'/rc"'
   for tool in memcheck racecheck; do
-    for n in ${GPU_SANITIZE_TESTS:-test-flash test-layers test-matmul test-sample}; do
-      [ -x "$B/$n" ] || continue
-      timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$B/$n" --test-threads 1 ${GPU_SANITIZE_FILTER:-} > "$LOGS/sanitize-$tool-$n.log" 2>&1
-      rc=$?; row "compute-sanitizer $tool $n: $([ $rc = 0 ] && echo clean || echo "rc=$rc $(grep -m1 -E 'ERROR SUMMARY|Invalid|hazard' "$LOGS/sanitize-$tool-$n.log")")"
+    for n in $(awk -v t=$tool '$2 == t {print $3}' "$san/rc" | sort -u); do
+      bad=$(awk -v t=$tool -v n=$n '$2 == t && $3 == n && $1 != 0 {printf " %s (rc=%s)", $4, $1}' "$san/rc")
+      row "compute-sanitizer $tool $n: $(awk -v t=$tool -v n=$n '$2 == t && $3 == n' "$san/rc" | wc -l) tests, $([ -z "$bad" ] && echo clean || echo "not clean:$bad")"
     done
   done
   # The wgmma prefill's hand-over between a block's work items (two blocks take them all).
@@ -184,5 +200,8 @@ elif [[ " $stages " == *" ncu "* ]]; then
 fi
 # One file of every log (the device returns few files), failures first.
 { grep -l -E "FAILED|panicked|ERROR SUMMARY: [1-9]" $LOGS/* 2>/dev/null | while read f; do echo "##### $f"; grep -E -B2 -A12 "panicked|FAILED|Invalid|hazard" "$f" | head -150; done
-  for f in $LOGS/*; do echo "##### $f"; tail -n 60 "$f"; done; } > "$OUT/logs.txt"
+  # The sanitizer's logs (a subfolder) only where a test did not end clean.
+  [ -f "$LOGS/sanitize/rc" ] && awk '$1 != 0 {print $2 "-" $3 "-" $4}' "$LOGS/sanitize/rc" | while read f; do
+    echo "##### $f"; grep -v '^test .* \.\.\. ok$' "$LOGS/sanitize/$f.log" | tail -n 40; done
+  for f in $LOGS/*; do [ -f "$f" ] || continue; echo "##### $f"; tail -n 60 "$f"; done; } > "$OUT/logs.txt"
 echo; echo "=== summary ==="; cat "$summary"
