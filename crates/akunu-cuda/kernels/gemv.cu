@@ -59,6 +59,31 @@ __device__ __forceinline__ uint4 ld_weights(const void* p) {
     return v;
 }
 
+// The weights' scales (and Q4_1's and Q5's other per-block fields), also read once: kept out of
+// L1 as well, so the activations every warp reads stay there (docs/perf/2026-11-24-scales-l1.md).
+// Not volatile: like the __ldg they replace, free to move.
+__device__ __forceinline__ u16 ld_aux(const u16* p) {
+    u16 v;
+    asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ u32 ld_aux(const u32* p) {
+    u32 v;
+    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint2 ld_aux(const uint2* p) {
+    uint2 v;
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint4 ld_aux(const uint4* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
 // The activations of the product, m token rows.
 struct Acts {
     const i8* q;      // levels, cols per token
@@ -183,13 +208,13 @@ __device__ __forceinline__ void load_w(W& w, const QMatrix& mat, int row, int ch
     const size_t i = qblock(mat, row, ch);
     w.q = ld_weights(mat.data + i * QB);
 #if QTYPE == GGML_Q4_0 || QTYPE == GGML_IQ4_NL
-    w.d = f16_to_f32(__ldg((const u16*)mat.aux + i));
+    w.d = f16_to_f32(ld_aux((const u16*)mat.aux + i));
 #elif QTYPE == GGML_Q4_1
-    const u32 dm = __ldg((const u32*)mat.aux + i);
+    const u32 dm = ld_aux((const u32*)mat.aux + i);
     w.d = f16_to_f32((u16)(dm & 0xFFFFu));
     w.m = f16_to_f32((u16)(dm >> 16));
 #else
-    const uint2 a = __ldg((const uint2*)mat.aux + i);
+    const uint2 a = ld_aux((const uint2*)mat.aux + i);
     w.d = f16_to_f32((u16)(a.x & 0xFFFFu));
     w.m = f16_to_f32((u16)(a.x >> 16));
     w.qh = a.y;
@@ -245,7 +270,7 @@ __device__ __forceinline__ void load_w(W& w, const QMatrix& mat, int row, int ch
     const size_t i = qblock(mat, row, ch);
     w.q0 = ld_weights(mat.data + i * QB);
     w.q1 = ld_weights(mat.data + i * QB + 16);
-    w.d = f16_to_f32(__ldg((const u16*)mat.aux + i));
+    w.d = f16_to_f32(ld_aux((const u16*)mat.aux + i));
 }
 template <class X>
 __device__ __forceinline__ void load_a(A& a, const X& x, int t, int ch) { load_a32(a, x, t, ch); }
@@ -279,7 +304,7 @@ __device__ __forceinline__ void load_w(W& w, const QMatrix& mat, int row, int ch
     const int j = ch & 7;
     const size_t i = qblock(mat, row, ch >> 3);
     w.q = ld_weights(mat.data + i * QB + 16 * j);
-    const uint2 a = __ldg((const uint2*)mat.aux + i);
+    const uint2 a = ld_aux((const uint2*)mat.aux + i);
     const int ls = (int)(((a.y >> (4 * j)) & 15u) | (((a.x >> (16 + 2 * j)) & 3u) << 4));
     w.d = f16_to_f32((u16)(a.x & 0xFFFFu)) * (float)(ls - 32);
 }
@@ -336,7 +361,7 @@ __device__ __forceinline__ void load_w(W& w, const QMatrix& mat, int row, int ch
     w.q1 = ld_weights(q + 16);
     // Scales and mins of sub-blocks 2c and 2c+1 as byte pairs (ggml's get_scale_min_k4 for
     // two sub-blocks at once, without branches).
-    const uint4 a = __ldg((const uint4*)(mat.aux + i * AB));
+    const uint4 a = ld_aux((const uint4*)(mat.aux + i * AB));
     const int sh = 16 * (c & 1);
     const u32 y = a.y >> sh, z = a.z >> sh, x = a.w >> sh;
     const u32 sc = c < 2 ? (y & 0x3F3Fu) : ((x & 0x0F0Fu) | ((y >> 2) & 0x3030u));
@@ -414,9 +439,9 @@ __device__ __forceinline__ void load_w(W& w, const QMatrix& mat, int row, int ch
     w.l0 = ld_weights(blk + 64 * n + 16 * h);
     w.l1 = ld_weights(blk + 64 * n + 32 + 16 * h);
     w.h = ld_weights(blk + 128 + 32 * n + 16 * h);
-    const uint2 sc = __ldg((const uint2*)(mat.aux + i * AB + 8 * n));
+    const uint2 sc = ld_aux((const uint2*)(mat.aux + i * AB + 8 * n));
     w.sc = __byte_perm(sc.x, sc.y, 0x6420u + 0x1111u * h);
-    w.d = f16_to_f32(__ldg((const u16*)(mat.aux + nblocks * AB) + i));
+    w.d = f16_to_f32(ld_aux((const u16*)(mat.aux + nblocks * AB) + i));
 }
 template <class X>
 __device__ __forceinline__ void load_a(A& a, const X& x, int t, int ch) {
@@ -477,16 +502,16 @@ __device__ __forceinline__ void load_w(W& w, const QMatrix& mat, int row, int ch
     const u8* blk = mat.data + i * QB;
 #if QTYPE == GGML_Q2_K
     w.q = ld_weights(blk + 16 + 32 * n + 16 * h);
-    const uint2 sc = __ldg((const uint2*)(blk + 8 * n));
+    const uint2 sc = ld_aux((const uint2*)(blk + 8 * n));
     w.sc = __byte_perm(sc.x, sc.y, (u32)(h | ((h + 2) << 4) | ((h + 4) << 8) | ((h + 6) << 12)));
-    const u32 dd = __ldg((const u32*)mat.aux + i);
+    const u32 dd = ld_aux((const u32*)mat.aux + i);
     w.d = f16_to_f32((u16)(dd & 0xFFFFu));
     w.dmin = f16_to_f32((u16)(dd >> 16));
 #else
     w.q = ld_weights(blk + 32 + 32 * n + 16 * h);
     const uint4 hm = ld_weights(blk + 16 * h);
     w.hm = make_uint4(hm.x >> (4 * n), hm.y >> (4 * n), hm.z >> (4 * n), hm.w >> (4 * n));
-    const uint4 a = __ldg((const uint4*)(mat.aux + i * AB));
+    const uint4 a = ld_aux((const uint4*)(mat.aux + i * AB));
     const float d = f16_to_f32((u16)(a.w & 0xFFFFu));
     // Sub-block 8n + 2s + h: low four bits in nibble n of scale byte 2s + h, top two bits at
     // 4n + 2*(s/2) in byte 8 + (2s + h) % 4.
