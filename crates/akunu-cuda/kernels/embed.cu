@@ -5,8 +5,31 @@
 #include "actq.cuh"
 #include "quant.cuh"
 
-// grid (ceil(cols/32 / blockDim.x), m), block 1-D: thread g dequantizes group g (32 values) of
-// token blockIdx.y's row and writes it with 16-byte stores.
+// Group g (32 values) of token t's row of the table, times scale; zeros for a token id outside
+// the table.
+__device__ __forceinline__ void lookup_group(const QMatrix& table, const u32* __restrict__ tokens,
+                                             int t, int g, float scale, float (&v)[32]) {
+    const u32 tok = __ldg(tokens + t);
+    if (tok < (u32)table.rows) {
+        dequant32(table, (int)tok, g, v);
+    } else {
+#pragma unroll
+        for (int k = 0; k < 32; k++) v[k] = 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < 32; k++) v[k] *= scale;
+}
+
+// 32 values to `out` (16-byte aligned) in eight 16-byte stores.
+__device__ __forceinline__ void store_group(float* __restrict__ out, const float (&v)[32]) {
+    float4* o = (float4*)out;
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        o[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+}
+
+// grid (ceil(cols/32 / blockDim.x), m), block 1-D: thread g looks up group g (32 values) of
+// token blockIdx.y's row.
 extern "C" __global__ void embed(const u8* __restrict__ data, const u8* __restrict__ aux, int rows,
                                  int cols, const u32* __restrict__ tokens, int m,
                                  float* __restrict__ out, float scale) {
@@ -14,21 +37,9 @@ extern "C" __global__ void embed(const u8* __restrict__ data, const u8* __restri
     const int t = blockIdx.y;
     const int g = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= m || g >= cols / 32) return;
-    const QMatrix w = {data, aux, rows, cols};
-    const u32 tok = __ldg(tokens + t);
     float v[32];
-    if (tok < (u32)rows) {
-        dequant32(w, (int)tok, g, v);
-    } else {
-#pragma unroll
-        for (int k = 0; k < 32; k++) v[k] = 0.0f;
-    }
-    float4* o = (float4*)(out + (size_t)t * cols + (size_t)g * 32);
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-        o[k] = make_float4(v[4 * k] * scale, v[4 * k + 1] * scale, v[4 * k + 2] * scale,
-                           v[4 * k + 3] * scale);
-    }
+    lookup_group({data, aux, rows, cols}, tokens, t, g, scale, v);
+    store_group(out + (size_t)t * cols + (size_t)g * 32, v);
 }
 
 // grid (m), block of at least cols/32 threads, a multiple of 32: thread g dequantizes group g
@@ -47,27 +58,17 @@ extern "C" __global__ void __launch_bounds__(1024)
     if (t >= m) return;
     const bool mine = g < groups;
     float v[32];
-#pragma unroll
-    for (int k = 0; k < 32; k++) v[k] = 0.0f;
     const size_t at = (size_t)t * cols + (size_t)g * 32;
     float ss = 0.0f;
     if (mine) {
-        const u32 tok = __ldg(tokens + t);
-        if (tok < (u32)rows) dequant32({data, aux, rows, cols}, (int)tok, g, v);
-        float4* o = (float4*)(residual + at);
+        lookup_group({data, aux, rows, cols}, tokens, t, g, scale, v);
+        store_group(residual + at, v);
 #pragma unroll
-        for (int k = 0; k < 32; k++) {
-            v[k] *= scale;
-            ss += v[k] * v[k];
-        }
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            o[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+        for (int k = 0; k < 32; k++) ss += v[k] * v[k];
     }
     const float r = inv_rms(block_sum(ss, red), (u32)cols, eps);
     if (!mine) return;
     const float4* w4 = (const float4*)(w + (size_t)g * 32);
-    float4* y4 = (float4*)(normed + at);
     float amax = 0.0f;
 #pragma unroll
     for (int k = 0; k < 8; k++) {
@@ -76,10 +77,10 @@ extern "C" __global__ void __launch_bounds__(1024)
         v[4 * k + 1] = v[4 * k + 1] * r * gk.y;
         v[4 * k + 2] = v[4 * k + 2] * r * gk.z;
         v[4 * k + 3] = v[4 * k + 3] * r * gk.w;
-        y4[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
 #pragma unroll
         for (int e = 0; e < 4; e++) amax = fmaxf(amax, fabsf(v[4 * k + e]));
     }
+    store_group(normed + at, v);
     if (!q) return;
     const float inv = act_inv(amax);
     u32 packed[8];
