@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds, on a development machine, everything the GPU machine runs (it has no Rust), into
 # .gpu/ (git-ignored): the release `akunu` binary, the `flash-bench` attention benchmark, the
-# akunu-cuda test executables (stripped), the tiny test models, the synthetic-model generator
-# and the llama.cpp source archive (packed into .peer/ from PyPI on first use).
+# akunu-cuda test and bench executables (stripped), the tiny test models, the synthetic-model
+# generator and the llama.cpp source archive (packed into .peer/ from PyPI on first use).
 # Then call the device tool with carry [".gpu"] and the command `bash scripts/gpu/device.sh`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -12,13 +12,15 @@ cargo build --release -q -p akunu-cli
 cp target/release/akunu "$out/bin/"
 cargo build --release -q -p akunu-cuda --bin flash-bench
 cp target/release/flash-bench "$out/bin/"
-cargo test --release -q -p akunu-cuda --no-run --message-format=json 2>/dev/null \
+{ cargo test --release -q -p akunu-cuda --no-run --message-format=json
+  cargo bench -q -p akunu-cuda --no-run --message-format=json; } 2>/dev/null \
   | python3 -c '
 import json, sys, shutil
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
-        shutil.copy(m["executable"], ".gpu/bin/test-" + m["target"]["name"])
+    kind = m.get("target", {}).get("kind")
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and kind in (["test"], ["bench"]):
+        shutil.copy(m["executable"], ".gpu/bin/" + kind[0] + "-" + m["target"]["name"])
 '
 strip "$out"/bin/*
 refdata=${AKUNU_REFDATA:-.refdata}

@@ -3,7 +3,7 @@
 # kernel tests, the whole-model checks against the CPU backend, compute-sanitizer,
 # `akunu bench` beside llama.cpp on identical synthetic models, and our attention kernels beside
 # PyTorch's (flash_bench.py). Logs go to $OUT; the last lines printed are the summary table.
-#   GPU_STAGES="tests sanitize e2e profile bench flash agree gemv gemm ncu ncu-gemm ncu-decode" (default: the first six)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
+#   GPU_STAGES="tests sanitize e2e profile bench flash agree sample gemv gemm ncu ncu-gemm ncu-decode" (default: the first six)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
 #   GPU_REAL_MODEL=/path/to/gemma-3-270m-q4_k_m.gguf (stage agree: that file's logits, greedy
 #   tokens and perplexity on .gpu/ppl.txt, GPU against the CPU backend)
 #   GPU_TESTS="test-flash test-backend" (default: every test executable)
@@ -82,7 +82,8 @@ fi
 if [[ $stages == *sanitize* ]]; then
   # Every test of every executable (but test-nvrtc, which launches nothing) under memcheck and
   # racecheck, one process per test and tool, GPU_SANITIZE_JOBS at once (the whole suite one
-  # after another outlasts a call).
+  # after another outlasts a call). AKUNU_SANITIZE=1 shortens the sampler's draw tests to a
+  # few launches a path (tests/sample.rs, draw_launches).
   san=$LOGS/sanitize; mkdir -p "$san"; : > "$san/rc"
   for n in ${GPU_SANITIZE_TESTS:-$(cd "$B" && ls test-* | grep -vx test-nvrtc)}; do
     [ -x "$B/$n" ] || continue
@@ -93,7 +94,7 @@ if [[ $stages == *sanitize* ]]; then
       | grep -vxFf <("$B/$n" --list --ignored 2>/dev/null | sed -n 's/: test$//p') \
       | while read -r t; do echo "memcheck $n $t"; echo "racecheck $n $t"; done
   done | xargs -P "${GPU_SANITIZE_JOBS:-12}" -L 1 bash -c '
-    timeout '"${GPU_SANITIZE_LIMIT:-540}"' compute-sanitizer --tool "$0" --error-exitcode 9 \
+    AKUNU_SANITIZE=1 timeout '"${GPU_SANITIZE_LIMIT:-540}"' compute-sanitizer --tool "$0" --error-exitcode 9 \
       "'"$B"'/$1" --test-threads 1 --exact "$2" > "'"$san"'/$0-$1-$2.log" 2>&1
     echo "$? $0 $1 $2" >> "'"$san"'/rc"'
   for tool in memcheck racecheck; do
@@ -162,6 +163,16 @@ if [[ $stages == *flash* ]]; then
     rc=${PIPESTATUS[0]}
     [ "$rc" = 0 ] || row "flash bench $args: FAIL ($(tail -1 "$LOGS/flash-bench.log"))"
   done
+fi
+if [[ $stages == *sample* ]]; then
+  # The sampler's time per launch (benches/sampler.rs).
+  wait
+  row ""
+  if "$B/bench-sampler" > "$LOGS/bench-sampler.log" 2>&1; then
+    while IFS= read -r line; do row "$line"; done < "$LOGS/bench-sampler.log"
+  else
+    row "bench-sampler: FAIL ($(tail -1 "$LOGS/bench-sampler.log"))"
+  fi
 fi
 if [[ $stages == *gemv* ]]; then
   # Decode-sized products, the chip config's launch shapes beside unsplit rows and 8-warp blocks.

@@ -9,7 +9,6 @@ mod common;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
 
 use akunu_core::sampling::{Sampler, SamplerParams};
 use akunu_cuda::sample::{Chain, SampleKernels, SamplerState, FAST_TOP_K};
@@ -655,6 +654,18 @@ fn gpu_draws(
     draws
 }
 
+/// Launches per path in the draw tests: `full`, or two under compute-sanitizer
+/// (`AKUNU_SANITIZE=1`, set by `scripts/gpu/device.sh`), which runs each launch hundreds of
+/// times slower and checks accesses the first launches already make. The chi-square check
+/// holds at any count (bins pooled to five expected draws), with less power.
+fn draw_launches(full: usize) -> usize {
+    if std::env::var("AKUNU_SANITIZE").as_deref() == Ok("1") {
+        full.min(2)
+    } else {
+        full
+    }
+}
+
 /// Draws from the CPU sampler itself, each with its own seed, to check the reference.
 fn cpu_draws(row: &[f32], p: &SamplerParams, history: &[u32], count: usize) -> Vec<u32> {
     (0..count)
@@ -670,145 +681,201 @@ fn cpu_draws(row: &[f32], p: &SamplerParams, history: &[u32], count: usize) -> V
         .collect()
 }
 
-#[test]
-fn draws_follow_the_cpu_chain() {
+/// Draws of one setting from the GPU sampler follow the CPU chain's distribution (the CPU
+/// sampler's own draws checked against the same reference first), on every launch path. One test
+/// per setting, so each stays short enough for compute-sanitizer; `case` seeds its logits and
+/// history.
+fn draws_follow_the_cpu_chain(
+    what: &str,
+    case: u64,
+    n: usize,
+    scale: f32,
+    p: SamplerParams,
+    with_history: bool,
+) {
     let Some(gpu) = common::gpu() else { return };
     let k = SampleKernels::new(&gpu).unwrap();
+    let row = logits_with_spikes(n, scale, 1000 + case);
+    let hist = if with_history {
+        // The spikes and the top tokens in the window, so the penalties matter.
+        let mut h = history(100, n, case);
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by(|&a, &b| row[b].partial_cmp(&row[a]).unwrap());
+        h.extend(order[..6].iter().map(|&i| i as u32));
+        h
+    } else {
+        Vec::new()
+    };
+    let mut penalised_row = row.clone();
+    let mut cpu = Sampler::new(p.clone(), n).unwrap();
+    for &t in &hist {
+        cpu.accept(t);
+    }
+    cpu.apply_penalties(&mut penalised_row);
+    let probs = reference(&penalised_row, &p);
+    assert!(!probs.is_empty());
+
+    let cpu_check = cpu_draws(&row, &p, &hist, 3000);
+    check_draws(
+        &format!("{what} (CPU sampler vs reference)"),
+        &cpu_check,
+        &probs,
+    );
+
+    // Automatic launches, and both forced choices: the exact path in one block, and the
+    // exact launches made for rows that do not need them.
+    for launches in [None, Some(false), Some(true)] {
+        let draws = gpu_draws(
+            &gpu,
+            &k,
+            &row,
+            &p,
+            with_history.then_some(&hist[..]),
+            500,
+            draw_launches(40),
+            launches,
+        );
+        let what = format!("{what}, exact launches {launches:?}");
+        check_draws(&what, &draws, &probs);
+        eprintln!(
+            "{what}: {} tokens kept, {} draws ok",
+            probs.len(),
+            draws.len()
+        );
+    }
+}
+
+#[test]
+fn draws_defaults() {
+    draws_follow_the_cpu_chain(
+        "defaults",
+        0,
+        4096,
+        6.0,
+        params(0.8, 40, 0.95, 0.05, 1),
+        false,
+    );
+}
+
+#[test]
+fn draws_top_k_hot() {
+    draws_follow_the_cpu_chain(
+        "top-k 7, hot",
+        1,
+        3001,
+        3.0,
+        params(2.0, 7, 1.0, 0.0, 2),
+        false,
+    );
+}
+
+#[test]
+fn draws_top_p_alone() {
+    draws_follow_the_cpu_chain(
+        "top-p 0.9 alone",
+        2,
+        4096,
+        4.0,
+        params(1.0, 0, 0.9, 0.0, 3),
+        false,
+    );
+}
+
+#[test]
+fn draws_min_p_alone() {
+    draws_follow_the_cpu_chain(
+        "min-p alone",
+        3,
+        2999,
+        3.0,
+        params(1.5, 0, 1.0, 0.02, 4),
+        false,
+    );
+}
+
+#[test]
+fn draws_wide_top_k_and_top_p() {
     const {
         assert!(
             300 > FAST_TOP_K,
             "the top-k 300 case must take the exact path"
         )
     };
-    // (what, n, logit scale, params, penalty history)
-    let cases: Vec<(&str, usize, f32, SamplerParams, bool)> = vec![
-        ("defaults", 4096, 6.0, params(0.8, 40, 0.95, 0.05, 1), false),
-        (
-            "top-k 7, hot",
-            3001,
-            3.0,
-            params(2.0, 7, 1.0, 0.0, 2),
-            false,
-        ),
-        (
-            "top-p 0.9 alone",
-            4096,
-            4.0,
-            params(1.0, 0, 0.9, 0.0, 3),
-            false,
-        ),
-        (
-            "min-p alone",
-            2999,
-            3.0,
-            params(1.5, 0, 1.0, 0.02, 4),
-            false,
-        ),
-        (
-            "top-k 300 + top-p",
-            4096,
-            3.0,
-            params(0.7, 300, 0.97, 0.0, 5),
-            false,
-        ),
-        (
-            "top-k 128 + min-p",
-            5000,
-            2.0,
-            params(1.0, 128, 1.0, 0.1, 6),
-            false,
-        ),
-        (
-            "flat, top-p 0.5",
-            1000,
-            0.05,
-            params(1.0, 0, 0.5, 0.0, 7),
-            false,
-        ),
-        (
-            "penalties",
-            2048,
-            3.0,
-            penalised(params(1.0, 20, 0.9, 0.0, 8), 48),
-            true,
-        ),
-    ];
-    for (case, (what, n, scale, p, with_history)) in cases.into_iter().enumerate() {
-        let row = logits_with_spikes(n, scale, 1000 + case as u64);
-        let hist = if with_history {
-            // The spikes and the top tokens in the window, so the penalties matter.
-            let mut h = history(100, n, case as u64);
-            let mut order: Vec<usize> = (0..n).collect();
-            order.sort_by(|&a, &b| row[b].partial_cmp(&row[a]).unwrap());
-            h.extend(order[..6].iter().map(|&i| i as u32));
-            h
-        } else {
-            Vec::new()
-        };
-        let mut penalised_row = row.clone();
-        let mut cpu = Sampler::new(p.clone(), n).unwrap();
-        for &t in &hist {
-            cpu.accept(t);
-        }
-        cpu.apply_penalties(&mut penalised_row);
-        let probs = reference(&penalised_row, &p);
-        assert!(!probs.is_empty());
+    draws_follow_the_cpu_chain(
+        "top-k 300 + top-p",
+        4,
+        4096,
+        3.0,
+        params(0.7, 300, 0.97, 0.0, 5),
+        false,
+    );
+}
 
-        let cpu_check = cpu_draws(&row, &p, &hist, 3000);
-        check_draws(
-            &format!("{what} (CPU sampler vs reference)"),
-            &cpu_check,
-            &probs,
-        );
+#[test]
+fn draws_top_k_and_min_p() {
+    draws_follow_the_cpu_chain(
+        "top-k 128 + min-p",
+        5,
+        5000,
+        2.0,
+        params(1.0, 128, 1.0, 0.1, 6),
+        false,
+    );
+}
 
-        // Automatic launches, and both forced choices: the exact path in one block, and the
-        // exact launches made for rows that do not need them.
-        for launches in [None, Some(false), Some(true)] {
-            let draws = gpu_draws(
-                &gpu,
-                &k,
-                &row,
-                &p,
-                with_history.then_some(&hist[..]),
-                500,
-                40,
-                launches,
-            );
-            let what = format!("{what}, exact launches {launches:?}");
-            check_draws(&what, &draws, &probs);
-            eprintln!(
-                "{what}: {} tokens kept, {} draws ok",
-                probs.len(),
-                draws.len()
-            );
-        }
-    }
+#[test]
+fn draws_flat_top_p() {
+    draws_follow_the_cpu_chain(
+        "flat, top-p 0.5",
+        6,
+        1000,
+        0.05,
+        params(1.0, 0, 0.5, 0.0, 7),
+        false,
+    );
+}
+
+#[test]
+fn draws_with_penalties() {
+    let p = penalised(params(1.0, 20, 0.9, 0.0, 8), 48);
+    draws_follow_the_cpu_chain("penalties", 7, 2048, 3.0, p, true);
 }
 
 /// Equal logits crowd the cut: ties go to the lowest ids, as on the CPU, on every path (the
-/// exact launches gather too many tokens and fall back to one block).
-#[test]
-fn ties_at_the_cut() {
+/// exact launches gather too many tokens and fall back to one block). One test per setting.
+fn ties_at_the_cut(what: &str, p: SamplerParams) {
     let Some(gpu) = common::gpu() else { return };
     let k = SampleKernels::new(&gpu).unwrap();
-    let n = 20_000;
-    let row = vec![0.25f32; n];
-    for (what, p) in [
-        ("top-p 0.5", params(1.0, 0, 0.5, 0.0, 1)),
-        ("top-k 300", params(1.0, 300, 1.0, 0.0, 2)),
-        ("top-k 40", params(1.0, 40, 1.0, 0.0, 3)),
-        ("top-k 1000 + top-p 0.3", params(0.5, 1000, 0.3, 0.0, 4)),
-    ] {
-        let probs = reference(&row, &p);
-        for launches in [None, Some(false)] {
-            let draws = gpu_draws(&gpu, &k, &row, &p, None, 200, 25, launches);
-            check_draws(
-                &format!("{what}, exact launches {launches:?}"),
-                &draws,
-                &probs,
-            );
-        }
+    let row = vec![0.25f32; 20_000];
+    let probs = reference(&row, &p);
+    for launches in [None, Some(false)] {
+        let draws = gpu_draws(&gpu, &k, &row, &p, None, 200, draw_launches(25), launches);
+        check_draws(
+            &format!("{what}, exact launches {launches:?}"),
+            &draws,
+            &probs,
+        );
     }
+}
+
+#[test]
+fn ties_at_the_top_p_cut() {
+    ties_at_the_cut("top-p 0.5", params(1.0, 0, 0.5, 0.0, 1));
+}
+
+#[test]
+fn ties_at_the_wide_top_k_cut() {
+    ties_at_the_cut("top-k 300", params(1.0, 300, 1.0, 0.0, 2));
+}
+
+#[test]
+fn ties_at_the_top_k_cut() {
+    ties_at_the_cut("top-k 40", params(1.0, 40, 1.0, 0.0, 3));
+}
+
+#[test]
+fn ties_at_the_top_k_and_top_p_cut() {
+    ties_at_the_cut("top-k 1000 + top-p 0.3", params(0.5, 1000, 0.3, 0.0, 4));
 }
 
 /// A full-size vocabulary: rows with different settings in one launch, each draw a token the
@@ -863,45 +930,6 @@ fn large_vocabulary_rows() {
                     probs[r].len()
                 );
             }
-        }
-    }
-}
-
-/// Time per launch for one row of a 262144-token vocabulary (printed, not asserted: the first
-/// GPU run reports it).
-#[test]
-fn latency_report() {
-    let Some(gpu) = common::gpu() else { return };
-    let k = SampleKernels::new(&gpu).unwrap();
-    let n = 262_144;
-    let row = logits_with_spikes(n, 8.0, 3);
-    let buf = upload_rows(&gpu, &row, 0);
-    let out = poisoned_tokens(&gpu, 1);
-    let mut st = SamplerState::new(&gpu, 1, 64).unwrap();
-    let time = |f: &dyn Fn()| {
-        f();
-        gpu.sync().unwrap();
-        let iters = 200;
-        let t = Instant::now();
-        for _ in 0..iters {
-            f();
-        }
-        gpu.sync().unwrap();
-        t.elapsed().as_secs_f64() * 1e6 / iters as f64
-    };
-    let argmax = time(&|| k.argmax(&gpu, buf.ptr(), 1, n, out.ptr(), None).unwrap());
-    eprintln!("argmax, 1 x {n}: {argmax:.1} us per launch");
-    for (what, p) in [
-        ("greedy", params(0.0, 40, 0.95, 0.05, 1)),
-        ("defaults", params(0.8, 40, 0.95, 0.05, 1)),
-        ("top-k 0, top-p 0.9", params(1.0, 0, 0.9, 0.0, 1)),
-        ("top-k 1000, top-p 0.95", params(1.0, 1000, 0.95, 0.0, 1)),
-        ("top-k 0, min-p 0.05", params(1.0, 0, 1.0, 0.05, 1)),
-    ] {
-        st.set_params(0, &p, &[]).unwrap();
-        for launches in [None, Some(false), Some(true)] {
-            let us = time(&|| sample(&gpu, &k, buf.ptr(), 1, n, &st, out.ptr(), launches));
-            eprintln!("sample ({what}), 1 x {n}, exact launches {launches:?}: {us:.1} us");
         }
     }
 }
