@@ -3,7 +3,7 @@
 # kernel tests, the whole-model checks against the CPU backend, compute-sanitizer,
 # `akunu bench` beside llama.cpp on identical synthetic models, and our attention kernels beside
 # PyTorch's (flash_bench.py). Logs go to $OUT; the last lines printed are the summary table.
-#   GPU_STAGES="tests sanitize e2e profile bench flash agree sample gemv gemm ncu ncu-gemm ncu-decode" (default: the first six)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
+#   GPU_STAGES="tests sanitize e2e profile chains bench flash agree sample gemv gemm ncu ncu-gemm ncu-decode" (default: the first six)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
 #   GPU_REAL_MODEL=/path/to/gemma-3-270m-q4_k_m.gguf (stage agree: that file's logits, greedy
 #   tokens and perplexity on .gpu/ppl.txt, GPU against the CPU backend)
 #   GPU_TESTS="test-flash test-backend" (default: every test executable)
@@ -25,7 +25,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=c
 gpu=$(head -1 "$OUT/gpu.txt" | cut -d, -f1)
 
 # Background: llama.cpp build and the synthetic models, while the tests run.
-if [[ $stages == *bench* || $stages == *e2e* || $stages == *profile* || $stages == *ncu-decode* ]]; then
+if [[ $stages == *bench* || $stages == *e2e* || $stages == *profile* || $stages == *chains* || $stages == *ncu-decode* ]]; then
   [[ $stages == *bench* ]] && ( bash "$G/llamacpp-peer.sh" build "$G/llama.cpp.tar.xz" > "$LOGS/llamacpp-build.log" 2>&1 ) &
   peer_pid=$!
   ( mkdir -p /tmp/models; tar xJf "$G/llama.cpp.tar.xz" -C /tmp/models ./gguf-py 2>/dev/null
@@ -132,6 +132,27 @@ if [[ $stages == *profile* ]]; then
     m=/tmp/models/${spec%%:*}-${spec##*:}.gguf
     "$B/akunu" profile -m "$m" -p 512 -n 64 --device cuda > "$OUT/profile-${spec%%:*}-${spec##*:}.md" 2>&1 \
       || row "profile $spec: FAIL ($(tail -1 "$OUT/profile-${spec%%:*}-${spec##*:}.md"))"
+  done
+fi
+if [[ $stages == *chains* ]]; then
+  # Sampled decode (`akunu run`, the CLI's default sampler, 256 tokens past end-of-generation):
+  # chains drawn on the device against the host loop, which a penalty window longer than the
+  # device's forces (--repeat-last-n 5000 at no penalty: the same draws' rules); alternated.
+  wait $synth_pid
+  row ""
+  row "| sampled decode, t/s | device chains | host loop | ratio |"
+  row "|---|---|---|---|"
+  rate() { python3 -c "import sys; a,b=sys.argv[1:]; print(f'{float(a)/float(b):.2f}')" "$1" "$2" 2>/dev/null || echo "?"; }
+  for spec in $models; do
+    m=/tmp/models/${spec%%:*}-${spec##*:}.gguf
+    gen() {
+      "$B/akunu" run -m "$m" -p "Tell me a story about the sea." -n 256 --ignore-eos --seed 1 \
+        --device cuda "$@" 2>&1 > /dev/null | tee -a "$LOGS/chains.log" \
+        | sed -n 's/.*generated: [0-9]* tokens in [0-9.]* ms, \([0-9.]*\) t\/s.*/\1/p'
+    }
+    gen > /dev/null
+    d1=$(gen); h1=$(gen --repeat-last-n 5000); d2=$(gen); h2=$(gen --repeat-last-n 5000)
+    row "| $spec | ${d1:-?}, ${d2:-?} | ${h1:-?}, ${h2:-?} | $(rate "$d2" "$h2") |"
   done
 fi
 if [[ $stages == *bench* ]]; then

@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use akunu_core::sampling::SamplerParams;
 use akunu_core::{Backend, Batch, EngineError, Model};
 use akunu_cpu::{CpuBackend, CpuOptions};
 use akunu_cuda::backend::{CudaBackend, CudaOptions};
@@ -184,6 +185,28 @@ impl Backend for AnyBackend {
         match self {
             AnyBackend::Cpu(b) => b.greedy_chain(slot, token, pos, n),
             AnyBackend::Cuda(b) => b.greedy_chain(slot, token, pos, n),
+        }
+    }
+
+    fn samples_on_device(&self, params: &SamplerParams) -> bool {
+        match self {
+            AnyBackend::Cpu(b) => b.samples_on_device(params),
+            AnyBackend::Cuda(b) => b.samples_on_device(params),
+        }
+    }
+
+    fn sampled_chain(
+        &mut self,
+        slot: usize,
+        token: u32,
+        pos: usize,
+        n: usize,
+        params: &SamplerParams,
+        recent: &[u32],
+    ) -> Result<Vec<u32>, EngineError> {
+        match self {
+            AnyBackend::Cpu(b) => b.sampled_chain(slot, token, pos, n, params, recent),
+            AnyBackend::Cuda(b) => b.sampled_chain(slot, token, pos, n, params, recent),
         }
     }
 }

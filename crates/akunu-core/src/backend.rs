@@ -7,6 +7,7 @@
 //! already in the cache or earlier in the same batch, so rollback is only a matter of the
 //! session forgetting positions; the backend keeps no per-slot lengths.
 
+use crate::sampling::SamplerParams;
 use crate::EngineError;
 
 /// One forward pass: `tokens[i]` goes to `positions[i]` of slot `slots[i]`. `outputs` lists,
@@ -103,6 +104,32 @@ pub trait Backend {
         let _ = (slot, token, pos, n);
         Err(EngineError::Backend(
             "this backend has no device-side decode".into(),
+        ))
+    }
+    /// Whether [`Backend::sampled_chain`] can draw with `params` on the device (then chains
+    /// also serve sampled decode, and greedy decode with penalties).
+    fn samples_on_device(&self, params: &SamplerParams) -> bool {
+        let _ = params;
+        false
+    }
+    /// Sampled chain decode in one slot: as [`Backend::greedy_chain`], each token drawn on the
+    /// device by the chain of [`crate::sampling::Sampler`] (penalties, top-k, top-p, min-p,
+    /// temperature) with the device's own seeded draw: a seed gives the same tokens on every
+    /// run of the backend, however the generation is cut into chains, but not the CPU
+    /// sampler's tokens. `recent` ends with `token`, after the slot's tokens the penalty
+    /// window sees. Only called when [`Backend::samples_on_device`] holds for `params`.
+    fn sampled_chain(
+        &mut self,
+        slot: usize,
+        token: u32,
+        pos: usize,
+        n: usize,
+        params: &SamplerParams,
+        recent: &[u32],
+    ) -> Result<Vec<u32>, EngineError> {
+        let _ = (slot, token, pos, n, params, recent);
+        Err(EngineError::Backend(
+            "this backend has no device-side sampling".into(),
         ))
     }
 }

@@ -95,13 +95,16 @@ pub fn generate<B: Backend>(
     let mut stream = tokenizer.stream();
     let mut stops = StopMatcher::new(&params.stop);
     let mut tokens = Vec::new();
-    // Greedy decode without penalties can choose tokens on the device, a chain of them per
-    // host round trip; `pending` holds the chain's tokens not yet handed out. They are already
-    // in the cache except the last, so the slot is trimmed back if generation stops early.
+    // Decode can choose tokens on the device, a chain of them per host round trip: by argmax
+    // for greedy decode without penalties, else by the device's sampler where the backend has
+    // one for these parameters. `pending` holds the chain's tokens not yet handed out. They
+    // are already in the cache except the last, so the slot is trimmed back if generation
+    // stops early.
+    let argmax = sampler.is_greedy() && params.sampler.penalties_off();
     let chain = session
         .backend()
         .chain_lengths()
-        .filter(|_| sampler.is_greedy() && params.sampler.penalties_off());
+        .filter(|_| argmax || session.backend().samples_on_device(&params.sampler));
     let mut chains = 0usize;
     let mut pending = std::collections::VecDeque::new();
     let reason = loop {
@@ -140,7 +143,12 @@ pub fn generate<B: Backend>(
             None => 0,
         };
         if want > 0 {
-            if let Some(next) = session.greedy_chain(slot, tok, want) {
+            let next = if argmax {
+                session.greedy_chain(slot, tok, want)
+            } else {
+                session.sampled_chain(slot, tok, want, &params.sampler)
+            };
+            if let Some(next) = next {
                 pending.extend(next?);
                 chains += 1;
                 continue;

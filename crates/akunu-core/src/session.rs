@@ -7,6 +7,7 @@
 //! are refused before any work is done, so a failed call leaves the slot as it was.
 
 use crate::backend::{Backend, Batch};
+use crate::sampling::SamplerParams;
 use crate::EngineError;
 
 /// Which logits an evaluation returns.
@@ -166,10 +167,42 @@ impl<B: Backend> Session<B> {
         n: usize,
     ) -> Option<Result<Vec<u32>, EngineError>> {
         self.backend.chain_lengths()?;
-        Some(self.chain(slot, token, n))
+        Some(self.chain(slot, token, n, |b, pos, _| {
+            b.greedy_chain(slot, token, pos, n)
+        }))
     }
 
-    fn chain(&mut self, slot: usize, token: u32, n: usize) -> Result<Vec<u32>, EngineError> {
+    /// Sampled chain decode ([`Backend::sampled_chain`]) with `params`: as
+    /// [`Session::greedy_chain`], each token drawn on the device. `None` when the backend
+    /// cannot draw with these parameters on the device.
+    pub fn sampled_chain(
+        &mut self,
+        slot: usize,
+        token: u32,
+        n: usize,
+        params: &SamplerParams,
+    ) -> Option<Result<Vec<u32>, EngineError>> {
+        self.backend.chain_lengths()?;
+        if !self.backend.samples_on_device(params) {
+            return None;
+        }
+        Some(self.chain(slot, token, n, |b, pos, history| {
+            let keep = history.len().min(params.penalty_last_n.saturating_sub(1));
+            let mut recent = history[history.len() - keep..].to_vec();
+            recent.push(token);
+            b.sampled_chain(slot, token, pos, n, params, &recent)
+        }))
+    }
+
+    /// Checks and runs a chain of `n` tokens fed with `token` (`run` gets the backend, the
+    /// position of `token` and the slot's tokens before it), then records its tokens.
+    fn chain(
+        &mut self,
+        slot: usize,
+        token: u32,
+        n: usize,
+        run: impl FnOnce(&mut B, usize, &[u32]) -> Result<Vec<u32>, EngineError>,
+    ) -> Result<Vec<u32>, EngineError> {
         self.check_append(slot, &[token])?;
         let pos = self.history[slot].len();
         if pos + n > self.backend.n_ctx() {
@@ -183,10 +216,10 @@ impl<B: Backend> Session<B> {
         if n == 0 {
             return Ok(Vec::new());
         }
-        let out = self.backend.greedy_chain(slot, token, pos, n)?;
+        let out = run(&mut self.backend, pos, &self.history[slot])?;
         if out.len() != n || out.iter().any(|&t| t as usize >= self.n_vocab) {
             return Err(EngineError::Backend(format!(
-                "greedy chain returned {} tokens for {n}",
+                "a chain returned {} tokens for {n}",
                 out.len()
             )));
         }

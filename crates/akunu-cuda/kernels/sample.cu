@@ -23,7 +23,8 @@
 //   4. the draw is Gumbel-max: argmax over the survivors of (l - max) / T + Gumbel noise, the
 //      noise from Philox-4x32-10 keyed by the seed, counted by (token id, step), so the draw is
 //      one parallel pass and the same seed gives the same tokens.
-//   5. the block that draws writes the token, appends it to the ring and advances the step.
+//   5. the block that draws writes the token (into a decode chain too, as the argmax does),
+//      appends it to the ring and advances the step.
 //
 // Selection ("the threshold key of the best `need` tokens", or "of the shortest best prefix
 // holding a given probability mass") is a histogram search: keys are (logit, ~id) packed into
@@ -263,24 +264,29 @@ __device__ __forceinline__ float gumbel_score(float x, const SampleParams& P, u3
 // ---------------------------------------------------------------------------------------------
 // argmax
 
-// Where a greedy decode chain keeps its state (one row): the token chosen is also appended to
-// out[*count] and positions[0] moves on, so the captured step replays for the next token.
+// Where a decode chain keeps its state (one row; greedy or sampled): the token chosen is also
+// appended to out[*count] and positions[0] moves on, so the captured step replays for the next
+// token.
 struct Chain {
     u32* positions;
     u32* out;
     u32* count;
 };
 
-// The row's token into out[row], and into the chain where there is one.
-__device__ __forceinline__ void choose(u32* out, u32 row, u32 bi, const Chain& chain) {
-    const u32 token = bi == 0xffffffffu ? 0 : bi;
-    out[row] = token;
+// A row's token into *out, and into the chain where there is one.
+__device__ __forceinline__ void record(u32* out, u32 token, const Chain& chain) {
+    *out = token;
     if (chain.out) {
         const u32 i = *chain.count;
         chain.out[i] = token;
         chain.positions[0] += 1;
         *chain.count = i + 1;
     }
+}
+
+// The row's argmax (~0: none, read as token 0) into out[row], and into the chain.
+__device__ __forceinline__ void choose(u32* out, u32 row, u32 bi, const Chain& chain) {
+    record(out + row, bi == 0xffffffffu ? 0 : bi, chain);
 }
 
 // Grid (splits, m), ARGMAX_THREADS threads. Block b of row r reduces the slice
@@ -863,11 +869,11 @@ __device__ u32 exact_single_block(const float* x, u32 n, bool vec, const SampleP
     return bt;
 }
 
-// Run by one thread: publishes the row's token, appends it to the penalty window, advances the
-// step and resets the finishing kernel's ticket.
+// Run by one thread: publishes the row's token (into the chain too, where there is one),
+// appends it to the penalty window, advances the step and resets the finishing kernel's ticket.
 __device__ void finish_row(const SampleParams& P, RowState* st, u32* ring, u32 ring_cap,
-                           u32* out, u32 token, u32* ticket) {
-    *out = token;
+                           u32* out, u32 token, u32* ticket, const Chain& chain) {
+    record(out, token, chain);
     if (P.window > 0 && ring_cap > 0) {
         const u32 w = min(P.window, ring_cap);
         const u32 pos = st->ring_pos % w;
@@ -909,12 +915,13 @@ struct SampleSmem {
 // reduces it, and on the fast path selects its top-k; the last block of the row to finish
 // draws the token, except on the exact path with `helpers`, which sample_exact_hist and
 // sample_exact_draw finish. ln_n17 = ln(n) + 17 in f32, computed on the host like the CPU's
-// tail bound.
+// tail bound. A chain's pointers (null without) only with one row.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
 sample_f32(float* logits, u32 n, u32 per_block, float ln_n17, const SampleParams* params,
            RowState* states, u32* rings, u32 ring_cap, unsigned char* scratch, u32* out,
-           u32 helpers) {
+           u32 helpers, u32* chain_positions, u32* chain_out, u32* chain_count) {
     pdl_begin();
+    const Chain chain = {chain_positions, chain_out, chain_count};
     extern __shared__ u32 win[];
     __shared__ SampleSmem sm;
     const u32 tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
@@ -1128,7 +1135,8 @@ sample_f32(float* logits, u32 n, u32 per_block, float ln_n17, const SampleParams
 
     // 6. Publish the token and advance the row's state.
     if (tid == 0)
-        finish_row(P, st, rings + (u64)row * ring_cap, ring_cap, out + row, sm.token, &st->ticket);
+        finish_row(P, st, rings + (u64)row * ring_cap, ring_cap, out + row, sm.token, &st->ticket,
+                   chain);
 }
 
 // Grid (splits, m), SAMPLE_THREADS threads, after sample_f32 with helpers; only rows on the
@@ -1291,8 +1299,10 @@ struct DrawSmem {
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
 sample_exact_draw(const float* logits, u32 n, u32 per_block, float ln_n17,
                   const SampleParams* params, RowState* states, u32* rings, u32 ring_cap,
-                  unsigned char* scratch, u32* out) {
+                  unsigned char* scratch, u32* out, u32* chain_positions, u32* chain_out,
+                  u32* chain_count) {
     pdl_begin();
+    const Chain chain = {chain_positions, chain_out, chain_count};
     extern __shared__ u64 ck[];
     __shared__ DrawSmem sm;
     const u32 tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
@@ -1415,5 +1425,5 @@ sample_exact_draw(const float* logits, u32 n, u32 per_block, float ln_n17,
     __syncthreads();
     if (tid == 0)
         finish_row(P, st, rings + (u64)row * ring_cap, ring_cap, out + row, sm.token,
-                   &st->ticket_draw);
+                   &st->ticket_draw, chain);
 }

@@ -24,6 +24,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use akunu_core::sampling::SamplerParams;
 use akunu_core::{Activation, Backend, Batch, Buf, EngineError, Model, Op, RopeStyle, WeightId};
 use akunu_quant::GgmlType;
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -37,7 +38,7 @@ use crate::gemm::{GemmKernels, GemmScratch};
 use crate::gpu::{DeviceBuffer, Gpu};
 use crate::layers::LayerKernels;
 use crate::matmul::{ActScratch, DeviceMatrix, MatmulKernels};
-use crate::sample::{Chain, SampleKernels};
+use crate::sample::{Chain, SampleKernels, SamplerState, MAX_WINDOW};
 use crate::CudaError;
 
 /// How the backend is sized.
@@ -172,14 +173,27 @@ pub struct CudaBackend {
     /// The most keys a token of the current batch sees (its position + 1).
     batch_keys: usize,
     sampler: SampleKernels,
-    /// Captured passes by (tokens, outputs, chain step, one token per slot).
-    graphs: HashMap<(usize, usize, bool, bool), Graph>,
+    /// The sampled chains' parameters, step and penalty window (one row), made on first use.
+    chain_sampler: Option<SamplerState>,
+    /// Captured passes by (tokens, outputs, the chain's choice, one token per slot).
+    graphs: HashMap<(usize, usize, Pick, bool), Graph>,
     /// The tokens a chain chose (one per position of the context at most) and their count.
     chain_out: DeviceBuffer,
     chain_counter: DeviceBuffer,
     use_graphs: bool,
     /// Per-step GPU time when profiling (events around each step, no graphs).
     op_times: Option<Vec<f64>>,
+}
+
+/// How a pass ends: with its logits, or choosing a decode chain's next token on the device.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+enum Pick {
+    Logits,
+    Argmax,
+    /// The sampler (`chain_sampler`), with or without its exact path's two launches.
+    Sample {
+        exact: bool,
+    },
 }
 
 /// Bytes of the FlashAttention scratch: split partials (fewer splits when they would need
@@ -379,6 +393,7 @@ impl CudaBackend {
             batch_keys: 0,
             one_per_slot: false,
             sampler,
+            chain_sampler: None,
             graphs: HashMap::new(),
             chain_out,
             chain_counter,
@@ -965,46 +980,54 @@ impl CudaBackend {
         }
     }
 
-    /// Launches the pass, plus with `chain` the device-side token choice, which also records
-    /// the token in the chain and moves the position on.
-    fn launch_all(&mut self, m: usize, n_out: usize, chain: bool) -> Result<(), CudaError> {
+    /// Launches the pass, plus the device-side token choice `pick`, which also records the
+    /// token in the chain and moves the position on.
+    fn launch_all(&mut self, m: usize, n_out: usize, pick: Pick) -> Result<(), CudaError> {
         self.launch_pass(m, n_out)?;
-        if chain {
-            let l = &self.meta_layout;
-            self.sampler.argmax(
-                &self.gpu,
-                self.logits_dev.ptr(),
-                1,
-                self.model.config.n_vocab,
-                self.meta_ptr(l.tokens),
-                Some(&Chain {
-                    positions: self.meta_ptr(l.positions),
-                    out: self.chain_out.ptr(),
-                    count: self.chain_counter.ptr(),
-                }),
-            )?;
+        let l = &self.meta_layout;
+        let chain = Chain {
+            positions: self.meta_ptr(l.positions),
+            out: self.chain_out.ptr(),
+            count: self.chain_counter.ptr(),
+        };
+        let (logits, n_vocab, token) = (
+            self.logits_dev.ptr(),
+            self.model.config.n_vocab,
+            self.meta_ptr(l.tokens),
+        );
+        match pick {
+            Pick::Logits => Ok(()),
+            Pick::Argmax => self
+                .sampler
+                .argmax(&self.gpu, logits, 1, n_vocab, token, Some(&chain)),
+            Pick::Sample { exact } => {
+                let state = self.chain_sampler.as_ref().ok_or_else(|| {
+                    CudaError::Unsupported("a sampled chain without its parameters".into())
+                })?;
+                self.sampler
+                    .sample_chain(&self.gpu, logits, n_vocab, state, token, exact, &chain)
+            }
         }
-        Ok(())
     }
 
     /// Runs the pass for the metadata already on the device, replaying a captured graph when
     /// the pass is decode-sized.
-    fn run(&mut self, m: usize, n_out: usize, chain: bool) -> Result<(), CudaError> {
+    fn run(&mut self, m: usize, n_out: usize, pick: Pick) -> Result<(), CudaError> {
         let graphable = self.use_graphs
             && self.op_times.is_none()
             && m <= self.gpu.chip.gemv_max_m
             && n_out <= self.gpu.chip.gemv_max_m;
         if !graphable {
-            return self.launch_all(m, n_out, chain);
+            return self.launch_all(m, n_out, pick);
         }
-        let key = (m, n_out, chain, self.one_per_slot);
+        let key = (m, n_out, pick, self.one_per_slot);
         if !self.graphs.contains_key(&key) {
             let stream = self.gpu.stream().clone();
             stream
                 .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(|e| CudaError::driver("starting graph capture", e))?;
             self.gpu.set_dependent_launch(true);
-            let launched = self.launch_all(m, n_out, chain);
+            let launched = self.launch_all(m, n_out, pick);
             self.gpu.set_dependent_launch(false);
             let graph = stream
                 .end_capture(CUgraphInstantiate_flags(0))
@@ -1021,12 +1044,33 @@ impl CudaBackend {
             .map_err(|e| CudaError::driver("replaying a decode graph", e))
     }
 
+    /// Refuses a chain of `n` tokens fed with `token` at `pos` in `slot` that does not fit.
+    fn check_chain(
+        &self,
+        slot: usize,
+        token: u32,
+        pos: usize,
+        n: usize,
+    ) -> Result<(), EngineError> {
+        if pos + n > self.opts.n_ctx
+            || slot >= self.opts.n_slots
+            || token as usize >= self.model.config.n_vocab
+        {
+            return Err(EngineError::BadBatch(format!(
+                "chain of {n} from position {pos} in slot {slot} does not fit"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Feeds `token` at `pos` in `slot`, then each token chosen by `pick`, for `n` passes.
     fn chain(
         &mut self,
         slot: usize,
         token: u32,
         pos: usize,
         n: usize,
+        pick: Pick,
     ) -> Result<Vec<u32>, CudaError> {
         let batch = Batch {
             tokens: &[token],
@@ -1037,7 +1081,7 @@ impl CudaBackend {
         self.upload_meta(&batch)?;
         self.gpu.write(&self.chain_counter, 0, &[0u32])?;
         for _ in 0..n {
-            self.run(1, 1, true)?;
+            self.run(1, 1, pick)?;
         }
         let mut tokens = vec![0u32; n];
         self.gpu.read(&self.chain_out, 0, &mut tokens)?;
@@ -1074,7 +1118,7 @@ impl Backend for CudaBackend {
         )?;
         let (m, n_out) = (batch.tokens.len(), batch.outputs.len());
         self.upload_meta(batch).map_err(backend_err)?;
-        self.run(m, n_out, false).map_err(backend_err)?;
+        self.run(m, n_out, Pick::Logits).map_err(backend_err)?;
         let n_vocab = self.model.config.n_vocab;
         self.logits.resize(n_out * n_vocab, 0.0);
         self.gpu
@@ -1100,16 +1144,47 @@ impl Backend for CudaBackend {
         pos: usize,
         n: usize,
     ) -> Result<Vec<u32>, EngineError> {
-        let n_vocab = self.model.config.n_vocab;
         if n == 0 {
             return Ok(Vec::new());
         }
-        if pos + n > self.opts.n_ctx || slot >= self.opts.n_slots || token as usize >= n_vocab {
-            return Err(EngineError::BadBatch(format!(
-                "chain of {n} from position {pos} in slot {slot} does not fit"
-            )));
+        self.check_chain(slot, token, pos, n)?;
+        self.chain(slot, token, pos, n, Pick::Argmax)
+            .map_err(backend_err)
+    }
+
+    fn samples_on_device(&self, params: &SamplerParams) -> bool {
+        params.penalty_last_n <= MAX_WINDOW
+    }
+
+    /// Sets the sampler's row to `params`, a penalty window of `recent` and the step of the
+    /// position drawn first (`pos + 1`), then chains as [`Backend::greedy_chain`] with the
+    /// sampler in place of the argmax (and the exact path's launches where `params` need
+    /// them, a graph of their own).
+    fn sampled_chain(
+        &mut self,
+        slot: usize,
+        token: u32,
+        pos: usize,
+        n: usize,
+        params: &SamplerParams,
+        recent: &[u32],
+    ) -> Result<Vec<u32>, EngineError> {
+        if n == 0 {
+            return Ok(Vec::new());
         }
-        self.chain(slot, token, pos, n).map_err(backend_err)
+        self.check_chain(slot, token, pos, n)?;
+        let n_vocab = self.model.config.n_vocab;
+        let state = match &mut self.chain_sampler {
+            Some(s) => s,
+            None => self
+                .chain_sampler
+                .insert(SamplerState::new(&self.gpu, 1, MAX_WINDOW).map_err(backend_err)?),
+        };
+        state.set_params(0, params, recent).map_err(backend_err)?;
+        state.set_step(0, pos as u64 + 1).map_err(backend_err)?;
+        let exact = state.needs_exact_launches(1, n_vocab);
+        self.chain(slot, token, pos, n, Pick::Sample { exact })
+            .map_err(backend_err)
     }
 }
 

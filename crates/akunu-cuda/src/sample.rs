@@ -193,18 +193,7 @@ impl SampleKernels {
         if m == 0 {
             return Ok(());
         }
-        if let Some(c) = chain {
-            if m != 1 || c.positions == 0 || c.out == 0 || c.count == 0 {
-                return Err(CudaError::Bounds(format!(
-                    "a chain's argmax of {m} rows with {c:?}: needs one row and non-null pointers"
-                )));
-            }
-        }
-        let c = chain.copied().unwrap_or(Chain {
-            positions: 0,
-            out: 0,
-            count: 0,
-        });
+        let c = chain_args(m, chain)?;
         let (splits, per_block) = if m <= ARGMAX_SPLIT_ROWS {
             split(n_vocab, ARGMAX_SLICE, ARGMAX_MAX_SPLITS)
         } else {
@@ -272,7 +261,59 @@ impl SampleKernels {
         out_tokens: u64,
         exact_launches: bool,
     ) -> Result<(), CudaError> {
+        self.launch_sample(
+            gpu,
+            logits,
+            m,
+            n_vocab,
+            state,
+            out_tokens,
+            exact_launches,
+            None,
+        )
+    }
+
+    /// [`SampleKernels::sample_with`] for one row in a decode chain, as
+    /// [`SampleKernels::argmax`] with a [`Chain`]: the token also goes to `chain.out[count]`,
+    /// `count` and `positions[0]` move on, so a captured decode step samples the next token
+    /// when replayed.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sample_chain(
+        &self,
+        gpu: &Gpu,
+        logits: u64,
+        n_vocab: usize,
+        state: &SamplerState,
+        out_token: u64,
+        exact_launches: bool,
+        chain: &Chain,
+    ) -> Result<(), CudaError> {
+        self.launch_sample(
+            gpu,
+            logits,
+            1,
+            n_vocab,
+            state,
+            out_token,
+            exact_launches,
+            Some(chain),
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch_sample(
+        &self,
+        gpu: &Gpu,
+        logits: u64,
+        m: usize,
+        n_vocab: usize,
+        state: &SamplerState,
+        out_tokens: u64,
+        exact_launches: bool,
+        chain: Option<&Chain>,
+    ) -> Result<(), CudaError> {
         let n = check_shape(m, n_vocab)?;
+        let c = chain_args(m, chain)?;
         if m > state.n_rows {
             return Err(CudaError::Bounds(format!(
                 "sampling {m} rows with a state for {}",
@@ -304,6 +345,9 @@ impl SampleKernels {
                 Arg::Ptr(state.scratch.ptr()),
                 Arg::Ptr(out_tokens),
                 Arg::U32(u32::from(exact_launches)),
+                Arg::Ptr(c.positions),
+                Arg::Ptr(c.out),
+                Arg::Ptr(c.count),
             ],
         )?;
         if !exact_launches {
@@ -340,8 +384,30 @@ impl SampleKernels {
                 Arg::U32(state.window as u32),
                 Arg::Ptr(state.scratch.ptr()),
                 Arg::Ptr(out_tokens),
+                Arg::Ptr(c.positions),
+                Arg::Ptr(c.out),
+                Arg::Ptr(c.count),
             ],
         )
+    }
+}
+
+/// A chain's pointers for a launch of `m` rows (nulls without one); a chain takes one row and
+/// three non-null pointers.
+fn chain_args(m: usize, chain: Option<&Chain>) -> Result<Chain, CudaError> {
+    match chain {
+        Some(c) if m != 1 || c.positions == 0 || c.out == 0 || c.count == 0 => {
+            Err(CudaError::Bounds(format!(
+                "a chain's token choice over {m} rows with {c:?}: needs one row and non-null \
+                 pointers"
+            )))
+        }
+        Some(c) => Ok(*c),
+        None => Ok(Chain {
+            positions: 0,
+            out: 0,
+            count: 0,
+        }),
     }
 }
 
@@ -456,5 +522,23 @@ impl SamplerState {
         self.gpu.write(&self.states, row * STATE_BYTES, &[st])?;
         self.modes[row] = (params.temperature, params.top_k);
         Ok(())
+    }
+
+    /// Sets `row`'s step, which numbers its draws (a token's noise depends on the seed, its id
+    /// and the step; each draw moves it on by one). A decode chain sets it to the position of
+    /// the token it draws first, so a seed gives the same tokens however a generation is cut
+    /// into chains. Waits for the GPU's queued work first.
+    pub fn set_step(&mut self, row: usize, step: u64) -> Result<(), CudaError> {
+        if row >= self.n_rows {
+            return Err(CudaError::Bounds(format!(
+                "sampler row {row} of {}",
+                self.n_rows
+            )));
+        }
+        self.gpu.write(
+            &self.states,
+            row * STATE_BYTES,
+            &[step as u32, (step >> 32) as u32],
+        )
     }
 }

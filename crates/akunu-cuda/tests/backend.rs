@@ -13,7 +13,9 @@
 //! within the error that int8-quantized activations allow (the same metric and bound as the
 //! CPU backend's comparison with llama.cpp: RMS error over the spread of the logits); 32
 //! teacher-forced decode steps choosing the CPU's token wherever the CPU's choice is not a near
-//! tie; device-side greedy chains equal to the host loop on the GPU, token for token; passes of
+//! tie; device-side greedy chains equal to the host loop on the GPU, token for token; sampled
+//! chains equal to the host loop with the CPU sampler where the draw is certain, and to
+//! themselves however a generation is cut into chains where it is not; passes of
 //! every size from 1 to past the GEMV limit; the kernel modules a backend lists beforehand are
 //! the ones it loads.
 
@@ -22,6 +24,7 @@ mod common;
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use akunu_core::sampling::{Sampler, SamplerParams};
 use akunu_core::session::Logits;
 use akunu_core::{Backend, Model, Session};
 use akunu_cpu::{CpuBackend, CpuOptions};
@@ -288,6 +291,103 @@ fn decode_steps_choose_the_cpus_token_and_chains_equal_the_host_loop() {
     }
 }
 
+/// A session on the GPU that reads `prompt`, then takes `first` and sampled chains of `lens`
+/// tokens with `params`: `first` and every chain's tokens.
+fn sampled_chains(
+    g: &Arc<akunu_cuda::Gpu>,
+    model: &Arc<Model>,
+    prompt: &[u32],
+    first: u32,
+    params: &SamplerParams,
+    lens: &[usize],
+) -> Vec<u32> {
+    let mut d = gpu(g, model, 256, 1);
+    d.eval(0, prompt, Logits::Last).unwrap();
+    let mut out = vec![first];
+    for &len in lens {
+        let next = *out.last().unwrap();
+        out.extend(d.sampled_chain(0, next, len, params).unwrap().unwrap());
+    }
+    assert_eq!(d.tokens(0).len(), prompt.len() + out.len() - 1);
+    out
+}
+
+/// Sampled chains: where the draw is certain (top-k 1, with penalties) they give the host
+/// loop's tokens, drawn by the CPU sampler from the same backend's logits; with real draws
+/// (the fast path, and the exact path's launches) a seed gives the same tokens however the
+/// generation is cut into chains.
+#[test]
+fn sampled_chains_follow_the_cpu_sampler_and_their_seed() {
+    let Some(g) = common::gpu() else { return };
+    for tm in models() {
+        let (name, model) = (&tm.name, &tm.model);
+        let p = tm.prompt(12, 9);
+        let certain = SamplerParams {
+            temperature: 0.7,
+            top_k: 1,
+            top_p: 1.0,
+            min_p: 0.0,
+            repeat_penalty: 1.3,
+            frequency_penalty: 0.2,
+            presence_penalty: 0.1,
+            penalty_last_n: 16,
+            seed: 3,
+        };
+        let mut host = gpu(&g, model, 256, 1);
+        let mut sampler = Sampler::new(certain.clone(), model.config.n_vocab).unwrap();
+        for &t in &p {
+            sampler.accept(t);
+        }
+        let mut l = host.eval(0, &p, Logits::Last).unwrap().to_vec();
+        let mut looped = Vec::new();
+        for _ in 0..32 {
+            let t = sampler.sample(&mut l);
+            sampler.accept(t);
+            looped.push(t);
+            l = host.eval(0, &[t], Logits::Last).unwrap().to_vec();
+        }
+        let chained = sampled_chains(&g, model, &p, looped[0], &certain, &[4, 27]);
+        assert_eq!(
+            chained, looped,
+            "{name}: certain draws differ from the host loop"
+        );
+
+        for (what, params) in [
+            (
+                "fast path",
+                SamplerParams {
+                    seed: 21,
+                    ..SamplerParams::default()
+                },
+            ),
+            (
+                "exact path",
+                SamplerParams {
+                    temperature: 1.0,
+                    top_k: 0,
+                    top_p: 0.9,
+                    min_p: 0.0,
+                    penalty_last_n: 0,
+                    seed: 22,
+                    ..SamplerParams::default()
+                },
+            ),
+        ] {
+            let a = sampled_chains(&g, model, &p, looped[0], &params, &[4, 27]);
+            let b = sampled_chains(&g, model, &p, looped[0], &params, &[31]);
+            let c = sampled_chains(&g, model, &p, looped[0], &params, &[1, 9, 21]);
+            assert_eq!(a, b, "{name} {what}: chains of 4 + 27 against 31");
+            assert_eq!(a, c, "{name} {what}: chains of 1 + 9 + 21 against 31");
+            let distinct: HashSet<u32> = a.iter().copied().collect();
+            eprintln!(
+                "{name} {what}: {} distinct of {} tokens",
+                distinct.len(),
+                a.len()
+            );
+        }
+    }
+}
+
 #[test]
 fn every_pass_size_matches_the_cpu() {
     let Some(g) = common::gpu() else { return };
@@ -322,6 +422,9 @@ fn refusals_leave_the_backend_usable() {
     assert!(d.eval(0, &[n_vocab], Logits::Last).is_err());
     assert!(d.eval(0, &[300; 33], Logits::Last).is_err());
     assert!(d.greedy_chain(0, 300, 40).unwrap().is_err());
+    let params = SamplerParams::default();
+    assert!(d.sampled_chain(0, 300, 40, &params).unwrap().is_err());
+    assert!(d.sampled_chain(0, n_vocab, 4, &params).unwrap().is_err());
     let ok = d.eval(0, &[300, 301], Logits::Last).unwrap();
     assert!(ok.iter().all(|x| x.is_finite()));
     assert_eq!(d.backend().n_ctx(), 32);

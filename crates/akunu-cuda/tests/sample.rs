@@ -323,20 +323,58 @@ fn argmax_matches_cpu_greedy() {
     }
 }
 
+/// A decode chain's device state for the tests: position 41 (a second position 7 beside it,
+/// which must not move), 3 tokens already chosen, room for 8.
+struct TestChain {
+    positions: DeviceBuffer,
+    out: DeviceBuffer,
+    count: DeviceBuffer,
+}
+
+impl TestChain {
+    fn new(gpu: &Gpu) -> TestChain {
+        TestChain {
+            positions: gpu.upload(&[41u32, 7]).unwrap(),
+            out: gpu.upload(&[u32::MAX; 8]).unwrap(),
+            count: gpu.upload(&[3u32]).unwrap(),
+        }
+    }
+
+    fn chain(&self) -> Chain {
+        Chain {
+            positions: self.positions.ptr(),
+            out: self.out.ptr(),
+            count: self.count.ptr(),
+        }
+    }
+
+    /// Asserts the chain holds `want` after its first 3 tokens, and moved on by as many.
+    fn check(&self, gpu: &Gpu, want: &[u32], what: &str) {
+        let mut got = [0u32; 8];
+        gpu.read(&self.out, 0, &mut got).unwrap();
+        let end = 3 + want.len();
+        assert_eq!(got[3..end], want[..], "{what}: the chain's tokens");
+        assert!(
+            got[..3].iter().chain(&got[end..]).all(|&t| t == u32::MAX),
+            "{what}: tokens outside the chain's"
+        );
+        let mut c = [0u32];
+        gpu.read(&self.count, 0, &mut c).unwrap();
+        assert_eq!(c, [end as u32], "{what}: the chain's count");
+        let mut p = [0u32; 2];
+        gpu.read(&self.positions, 0, &mut p).unwrap();
+        assert_eq!(p, [41 + want.len() as u32, 7], "{what}: the position");
+    }
+}
+
 #[test]
 fn argmax_advances_a_chain() {
     let Some(gpu) = common::gpu() else { return };
     let k = SampleKernels::new(&gpu).unwrap();
     // One block a row, and 128 blocks merged by the last.
     for n in [1000, 262_144] {
-        let positions = gpu.upload(&[41u32, 7]).unwrap();
-        let chain_out = gpu.upload(&[u32::MAX; 8]).unwrap();
-        let count = gpu.upload(&[3u32]).unwrap();
-        let chain = Chain {
-            positions: positions.ptr(),
-            out: chain_out.ptr(),
-            count: count.ptr(),
-        };
+        let tc = TestChain::new(&gpu);
+        let chain = tc.chain();
         let mut want = Vec::new();
         for step in 0..2u64 {
             let row = common::random(n, 4.0, 500 + step + n as u64);
@@ -347,19 +385,7 @@ fn argmax_advances_a_chain() {
                 .unwrap();
             assert_eq!(read_tokens(&gpu, &out, 1), [want[step as usize]], "n {n}");
         }
-        let mut got = [0u32; 8];
-        gpu.read(&chain_out, 0, &mut got).unwrap();
-        assert_eq!(got[3..5], want[..], "n {n}: the chain's tokens");
-        assert!(
-            got[..3].iter().chain(&got[5..]).all(|&t| t == u32::MAX),
-            "n {n}"
-        );
-        let mut c = [0u32];
-        gpu.read(&count, 0, &mut c).unwrap();
-        assert_eq!(c, [5], "n {n}: the chain's count");
-        let mut p = [0u32; 2];
-        gpu.read(&positions, 0, &mut p).unwrap();
-        assert_eq!(p, [43, 7], "n {n}: the position");
+        tc.check(&gpu, &want, &format!("n {n}"));
     }
     // A chain has one row.
     let buf = gpu.alloc(64).unwrap();
@@ -370,6 +396,60 @@ fn argmax_advances_a_chain() {
     };
     assert!(k
         .argmax(&gpu, buf.ptr(), 2, 4, buf.ptr(), Some(&chain))
+        .is_err());
+}
+
+/// The sampler in a chain (fast path, exact path with and without its launches, penalties):
+/// each step's token is the one an unchained launch draws at the same step, and it also lands
+/// in the chain, whose count and position move on.
+#[test]
+fn sample_advances_a_chain() {
+    let Some(gpu) = common::gpu() else { return };
+    let k = SampleKernels::new(&gpu).unwrap();
+    let n = 50_000;
+    let settings = [
+        (params(0.8, 40, 0.95, 0.05, 11), Some(false)),
+        (params(1.0, 0, 0.9, 0.0, 12), Some(true)),
+        (params(1.0, 0, 0.9, 0.0, 13), Some(false)),
+        (penalised(params(0.7, 20, 1.0, 0.0, 14), 16), None),
+    ];
+    for (case, (p, launches)) in settings.into_iter().enumerate() {
+        let hist = history(40, n, case as u64);
+        let mut chained = SamplerState::new(&gpu, 1, 64).unwrap();
+        let mut single = SamplerState::new(&gpu, 1, 64).unwrap();
+        for st in [&mut chained, &mut single] {
+            st.set_params(0, &p, &hist).unwrap();
+            st.set_step(0, 1000 + case as u64).unwrap();
+        }
+        let exact = launches.unwrap_or_else(|| chained.needs_exact_launches(1, n));
+        let tc = TestChain::new(&gpu);
+        let chain = tc.chain();
+        let mut want = Vec::new();
+        for step in 0..3u64 {
+            let row = logits_with_spikes(n, 3.0, 900 + step + 10 * case as u64);
+            let (a, b) = (upload_rows(&gpu, &row, 0), upload_rows(&gpu, &row, 0));
+            let (out_a, out_b) = (poisoned_tokens(&gpu, 1), poisoned_tokens(&gpu, 1));
+            k.sample_with(&gpu, a.ptr(), 1, n, &single, out_a.ptr(), exact)
+                .unwrap();
+            k.sample_chain(&gpu, b.ptr(), n, &chained, out_b.ptr(), exact, &chain)
+                .unwrap();
+            let t = read_tokens(&gpu, &out_a, 1)[0];
+            assert!((t as usize) < n, "case {case} step {step}");
+            assert_eq!(read_tokens(&gpu, &out_b, 1), [t], "case {case} step {step}");
+            want.push(t);
+        }
+        tc.check(&gpu, &want, &format!("case {case}"));
+    }
+    // A chain has one row, so a chained sample cannot name more; and no null pointers.
+    let st = SamplerState::new(&gpu, 1, 0).unwrap();
+    let buf = gpu.alloc(64).unwrap();
+    let null = Chain {
+        positions: 0,
+        out: buf.ptr(),
+        count: buf.ptr(),
+    };
+    assert!(k
+        .sample_chain(&gpu, buf.ptr(), 4, &st, buf.ptr(), false, &null)
         .is_err());
 }
 
