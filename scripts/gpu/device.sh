@@ -82,8 +82,8 @@ fi
 if [[ $stages == *sanitize* ]]; then
   # Every test of every executable (but test-nvrtc, which launches nothing) under memcheck and
   # racecheck, one process per test and tool, GPU_SANITIZE_JOBS at once (the whole suite one
-  # after another outlasts a call). AKUNU_SANITIZE=1 shortens the sampler's draw tests to a
-  # few launches a path (tests/sample.rs, draw_launches).
+  # after another outlasts a call). AKUNU_SANITIZE=1 shortens the longest tests (the sampler's
+  # draws, the backend's sampled chains: tests/common/mod.rs, sanitizing).
   san=$LOGS/sanitize; mkdir -p "$san"; : > "$san/rc"
   for n in ${GPU_SANITIZE_TESTS:-$(cd "$B" && ls test-* | grep -vx test-nvrtc)}; do
     [ -x "$B/$n" ] || continue

@@ -319,7 +319,9 @@ fn sampled_chains(
 #[test]
 fn sampled_chains_follow_the_cpu_sampler_and_their_seed() {
     let Some(g) = common::gpu() else { return };
-    for tm in models() {
+    // Under compute-sanitizer one family: the chains' launches are the same for every model.
+    let families = if common::sanitizing() { 1 } else { usize::MAX };
+    for tm in models().into_iter().take(families) {
         let (name, model) = (&tm.name, &tm.model);
         let p = tm.prompt(12, 9);
         let certain = SamplerParams {

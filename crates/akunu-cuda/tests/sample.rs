@@ -735,11 +735,10 @@ fn gpu_draws(
 }
 
 /// Launches per path in the draw tests: `full`, or two under compute-sanitizer
-/// (`AKUNU_SANITIZE=1`, set by `scripts/gpu/device.sh`), which runs each launch hundreds of
-/// times slower and checks accesses the first launches already make. The chi-square check
-/// holds at any count (bins pooled to five expected draws), with less power.
+/// ([`common::sanitizing`]). The chi-square check holds at any count (bins pooled to five
+/// expected draws), with less power.
 fn draw_launches(full: usize) -> usize {
-    if std::env::var("AKUNU_SANITIZE").as_deref() == Ok("1") {
+    if common::sanitizing() {
         full.min(2)
     } else {
         full

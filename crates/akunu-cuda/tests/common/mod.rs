@@ -34,6 +34,13 @@ pub fn gpu() -> Option<Arc<Gpu>> {
     .clone()
 }
 
+/// Whether the tests run under compute-sanitizer (`AKUNU_SANITIZE=1`, set by
+/// `scripts/gpu/device.sh`), which runs each launch hundreds of times slower: the longest
+/// tests then do less of the same work (the kernels' accesses are checked on its first part).
+pub fn sanitizing() -> bool {
+    std::env::var("AKUNU_SANITIZE").as_deref() == Ok("1")
+}
+
 /// `n` values uniform in `[-scale, scale)`, never all zero.
 pub fn random(n: usize, scale: f32, seed: u64) -> Vec<f32> {
     let mut rng = StdRng::seed_from_u64(seed);
