@@ -96,8 +96,9 @@ pub struct SamplerParams {
     /// How many of the most recently accepted tokens the penalties look at; 0 turns them off.
     /// Default 64.
     pub penalty_last_n: usize,
-    /// Seed of the draw; the same seed, logits and accepted tokens give the same tokens on
-    /// every platform. Default: drawn at random when the value is constructed.
+    /// Seed of the draw; the same seed, logits and accepted tokens give the same tokens from
+    /// [`Sampler`] on every platform (a backend that draws on the device, as the CUDA one does,
+    /// draws its own tokens from it). Default: drawn at random when the value is constructed.
     pub seed: u64,
 }
 

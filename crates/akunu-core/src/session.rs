@@ -205,7 +205,7 @@ impl<B: Backend> Session<B> {
     ) -> Result<Vec<u32>, EngineError> {
         self.check_append(slot, &[token])?;
         let pos = self.history[slot].len();
-        if pos + n > self.backend.n_ctx() {
+        if n > self.backend.n_ctx().saturating_sub(pos) {
             return Err(EngineError::ContextFull {
                 slot,
                 have: pos,

@@ -1052,7 +1052,7 @@ impl CudaBackend {
         pos: usize,
         n: usize,
     ) -> Result<(), EngineError> {
-        if pos + n > self.opts.n_ctx
+        if n > self.opts.n_ctx.saturating_sub(pos)
             || slot >= self.opts.n_slots
             || token as usize >= self.model.config.n_vocab
         {

@@ -427,6 +427,13 @@ fn refusals_leave_the_backend_usable() {
     let params = SamplerParams::default();
     assert!(d.sampled_chain(0, 300, 40, &params).unwrap().is_err());
     assert!(d.sampled_chain(0, n_vocab, 4, &params).unwrap().is_err());
+    // A length past any context, where `pos + n` would overflow.
+    assert!(d.greedy_chain(0, 300, usize::MAX).unwrap().is_err());
+    assert!(d
+        .sampled_chain(0, 300, usize::MAX, &params)
+        .unwrap()
+        .is_err());
+    assert!(d.backend_mut().greedy_chain(0, 300, 1, usize::MAX).is_err());
     let ok = d.eval(0, &[300, 301], Logits::Last).unwrap();
     assert!(ok.iter().all(|x| x.is_finite()));
     assert_eq!(d.backend().n_ctx(), 32);
