@@ -21,6 +21,8 @@ export AKUNU_REQUIRE_GPU=1 AKUNU_KERNEL_CACHE=/tmp/akunu-kernels
 export AKUNU_REFDATA=/tmp/refdata; mkdir -p $AKUNU_REFDATA/engine && ln -sfn "$G/tiny" $AKUNU_REFDATA/engine/tiny
 summary=$OUT/summary.txt; : > "$summary"
 row() { echo "$*" | tee -a "$summary"; }
+# a / b to two decimals, "?" when either is missing.
+ratio() { python3 -c "import sys; a,b=sys.argv[1:]; print(f'{float(a)/float(b):.2f}')" "$1" "$2" 2>/dev/null || echo "?"; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 gpu=$(head -1 "$OUT/gpu.txt" | cut -d, -f1)
 
@@ -142,7 +144,6 @@ if [[ $stages == *chains* ]]; then
   row ""
   row "| sampled decode, t/s | device chains | host loop | ratio |"
   row "|---|---|---|---|"
-  rate() { python3 -c "import sys; a,b=sys.argv[1:]; print(f'{float(a)/float(b):.2f}')" "$1" "$2" 2>/dev/null || echo "?"; }
   for spec in $models; do
     m=/tmp/models/${spec%%:*}-${spec##*:}.gguf
     gen() {
@@ -152,7 +153,7 @@ if [[ $stages == *chains* ]]; then
     }
     gen > /dev/null
     d1=$(gen); h1=$(gen --repeat-last-n 5000); d2=$(gen); h2=$(gen --repeat-last-n 5000)
-    row "| $spec | ${d1:-?}, ${d2:-?} | ${h1:-?}, ${h2:-?} | $(rate "$d2" "$h2") |"
+    row "| $spec | ${d1:-?}, ${d2:-?} | ${h1:-?}, ${h2:-?} | $(ratio "$d2" "$h2") |"
   done
 fi
 if [[ $stages == *bench* ]]; then
@@ -168,7 +169,6 @@ if [[ $stages == *bench* ]]; then
     a_tg=$(grep tg128 "$LOGS/akunu-bench-$(basename $m).md" | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
     l_pp=$(grep pp512 "$LOGS/llamacpp-bench-$(basename $m).md" | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
     l_tg=$(grep tg128 "$LOGS/llamacpp-bench-$(basename $m).md" | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
-    ratio() { python3 -c "import sys; a,b=sys.argv[1:]; print(f'{float(a)/float(b):.2f}')" "$1" "$2" 2>/dev/null || echo "?"; }
     row "| ${spec} | ${a_pp:-?} | ${l_pp:-?} | $(ratio "$a_pp" "$l_pp") | ${a_tg:-?} | ${l_tg:-?} | $(ratio "$a_tg" "$l_tg") |"
   done
 fi

@@ -1180,8 +1180,9 @@ impl Backend for CudaBackend {
                 .chain_sampler
                 .insert(SamplerState::new(&self.gpu, 1, MAX_WINDOW).map_err(backend_err)?),
         };
-        state.set_params(0, params, recent).map_err(backend_err)?;
-        state.set_step(0, pos as u64 + 1).map_err(backend_err)?;
+        state
+            .set_params_at(0, params, recent, pos as u64 + 1)
+            .map_err(backend_err)?;
         let exact = state.needs_exact_launches(1, n_vocab);
         self.chain(slot, token, pos, n, Pick::Sample { exact })
             .map_err(backend_err)

@@ -464,6 +464,20 @@ impl SamplerState {
         params: &SamplerParams,
         history: &[u32],
     ) -> Result<(), CudaError> {
+        self.set_params_at(row, params, history, 0)
+    }
+
+    /// [`SamplerState::set_params`] at `step`, which numbers the row's draws (a token's noise
+    /// depends on the seed, its id and the step; each draw moves it on by one). A decode chain
+    /// starts at the position of the token it draws first, so a seed gives the same tokens
+    /// however a generation is cut into chains.
+    pub fn set_params_at(
+        &mut self,
+        row: usize,
+        params: &SamplerParams,
+        history: &[u32],
+        step: u64,
+    ) -> Result<(), CudaError> {
         if row >= self.n_rows {
             return Err(CudaError::Bounds(format!(
                 "sampler row {row} of {}",
@@ -504,8 +518,8 @@ impl SamplerState {
         };
         let kept = &history[history.len() - history.len().min(window)..];
         let st = DeviceRowState {
-            step_lo: 0,
-            step_hi: 0,
+            step_lo: step as u32,
+            step_hi: (step >> 32) as u32,
             ring_pos: if window > 0 {
                 (kept.len() % window) as u32
             } else {
@@ -522,23 +536,5 @@ impl SamplerState {
         self.gpu.write(&self.states, row * STATE_BYTES, &[st])?;
         self.modes[row] = (params.temperature, params.top_k);
         Ok(())
-    }
-
-    /// Sets `row`'s step, which numbers its draws (a token's noise depends on the seed, its id
-    /// and the step; each draw moves it on by one). A decode chain sets it to the position of
-    /// the token it draws first, so a seed gives the same tokens however a generation is cut
-    /// into chains. Waits for the GPU's queued work first.
-    pub fn set_step(&mut self, row: usize, step: u64) -> Result<(), CudaError> {
-        if row >= self.n_rows {
-            return Err(CudaError::Bounds(format!(
-                "sampler row {row} of {}",
-                self.n_rows
-            )));
-        }
-        self.gpu.write(
-            &self.states,
-            row * STATE_BYTES,
-            &[step as u32, (step >> 32) as u32],
-        )
     }
 }

@@ -418,8 +418,7 @@ fn sample_advances_a_chain() {
         let mut chained = SamplerState::new(&gpu, 1, 64).unwrap();
         let mut single = SamplerState::new(&gpu, 1, 64).unwrap();
         for st in [&mut chained, &mut single] {
-            st.set_params(0, &p, &hist).unwrap();
-            st.set_step(0, 1000 + case as u64).unwrap();
+            st.set_params_at(0, &p, &hist, 1000 + case as u64).unwrap();
         }
         let exact = launches.unwrap_or_else(|| chained.needs_exact_launches(1, n));
         let tc = TestChain::new(&gpu);
