@@ -3,7 +3,8 @@
 # kernel tests, the whole-model checks against the CPU backend, compute-sanitizer,
 # `akunu bench` beside llama.cpp on identical synthetic models, and our attention kernels beside
 # PyTorch's (flash_bench.py). Logs go to $OUT; the last lines printed are the summary table.
-#   GPU_STAGES="tests sanitize e2e profile chains bench flash agree sample gemv gemm ncu ncu-gemm ncu-decode" (default: the first six)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
+#   GPU_STAGES="tests sanitize e2e profile chains batch bench flash agree sample gemv gemm ncu ncu-gemm ncu-decode" (default: tests sanitize e2e profile bench flash)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
+#   GPU_BATCH_SLOTS="1,4,8,16" (stage batch: sequences decoding together)
 #   GPU_REAL_MODEL=/path/to/gemma-3-270m-q4_k_m.gguf (stage agree: that file's logits, greedy
 #   tokens and perplexity on .gpu/ppl.txt, GPU against the CPU backend)
 #   GPU_TESTS="test-flash test-backend" (default: every test executable)
@@ -27,7 +28,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=c
 gpu=$(head -1 "$OUT/gpu.txt" | cut -d, -f1)
 
 # Background: llama.cpp build and the synthetic models, while the tests run.
-if [[ $stages == *bench* || $stages == *e2e* || $stages == *profile* || $stages == *chains* || $stages == *ncu-decode* ]]; then
+if [[ $stages == *bench* || $stages == *e2e* || $stages == *profile* || $stages == *chains* || $stages == *batch* || $stages == *ncu-decode* ]]; then
   [[ $stages == *bench* ]] && ( bash "$G/llamacpp-peer.sh" build "$G/llama.cpp.tar.xz" > "$LOGS/llamacpp-build.log" 2>&1 ) &
   peer_pid=$!
   ( mkdir -p /tmp/models; tar xJf "$G/llama.cpp.tar.xz" -C /tmp/models ./gguf-py 2>/dev/null
@@ -183,6 +184,20 @@ if [[ $stages == *flash* ]]; then
       | while IFS= read -r line; do row "$line"; done
     rc=${PIPESTATUS[0]}
     [ "$rc" = 0 ] || row "flash bench $args: FAIL ($(tail -1 "$LOGS/flash-bench.log"))"
+  done
+fi
+if [[ $stages == *batch* ]]; then
+  # Continuous batching's decode: tokens drawn on the device after each pass against drawn by
+  # the host from the logits read back (benches/batch.rs), alternated.
+  wait $synth_pid
+  for spec in $models; do
+    m=/tmp/models/${spec%%:*}-${spec##*:}.gguf
+    row ""
+    if "$B/bench-batch" "$m" ${GPU_BATCH_SLOTS:+--slots $GPU_BATCH_SLOTS} > "$LOGS/bench-batch.log" 2>&1; then
+      while IFS= read -r line; do row "$line"; done < "$LOGS/bench-batch.log"
+    else
+      row "bench-batch $spec: FAIL ($(tail -1 "$LOGS/bench-batch.log"))"
+    fi
   done
 fi
 if [[ $stages == *sample* ]]; then

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use akunu_core::sampling::SamplerParams;
-use akunu_core::{Backend, Batch, EngineError, Model};
+use akunu_core::{Backend, Batch, Draw, EngineError, Model};
 use akunu_cpu::{CpuBackend, CpuOptions};
 use akunu_cuda::backend::{CudaBackend, CudaOptions};
 use anyhow::{bail, Result};
@@ -161,7 +161,7 @@ impl Backend for AnyBackend {
         }
     }
 
-    fn logits(&self) -> &[f32] {
+    fn logits(&mut self) -> Result<&[f32], EngineError> {
         match self {
             AnyBackend::Cpu(b) => b.logits(),
             AnyBackend::Cuda(b) => b.logits(),
@@ -207,6 +207,13 @@ impl Backend for AnyBackend {
         match self {
             AnyBackend::Cpu(b) => b.sampled_chain(slot, token, pos, n, params, recent),
             AnyBackend::Cuda(b) => b.sampled_chain(slot, token, pos, n, params, recent),
+        }
+    }
+
+    fn draw(&mut self, draws: &[Draw]) -> Result<Vec<u32>, EngineError> {
+        match self {
+            AnyBackend::Cpu(b) => b.draw(draws),
+            AnyBackend::Cuda(b) => b.draw(draws),
         }
     }
 }

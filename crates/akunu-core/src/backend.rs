@@ -20,6 +20,19 @@ pub struct Batch<'a> {
     pub outputs: &'a [u32],
 }
 
+/// A token to draw on the device from one output row of the last pass ([`Backend::draw`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Draw<'a> {
+    /// The row's index in the pass's `outputs`.
+    pub row: usize,
+    pub params: &'a SamplerParams,
+    /// The tokens the penalty window sees, oldest first (the row's slot, up to its last token).
+    pub recent: &'a [u32],
+    /// The drawn token's position in its slot, which numbers the draw as a chain numbers its
+    /// draws ([`Backend::sampled_chain`]), so a seed gives the same tokens either way.
+    pub step: u64,
+}
+
 impl Batch<'_> {
     /// Checks the batch against a backend's sizes: 1..=`max_batch` tokens with a position and
     /// slot each, ids inside the vocabulary, slots and positions inside the cache, outputs
@@ -83,8 +96,9 @@ pub trait Backend {
     fn n_slots(&self) -> usize;
     /// Runs the plan for `batch`.
     fn forward(&mut self, batch: &Batch) -> Result<(), EngineError>;
-    /// The logits of the last pass's `outputs` rows, `outputs.len() * n_vocab` values.
-    fn logits(&self) -> &[f32];
+    /// The logits of the last pass's `outputs` rows, `outputs.len() * n_vocab` values (a
+    /// device backend reads them back on the first call after the pass).
+    fn logits(&mut self) -> Result<&[f32], EngineError>;
     /// Token counts of greedy chains, `(first, later)`, for backends that decode on the device
     /// ([`Backend::greedy_chain`]); `None` when every token goes through the host.
     fn chain_lengths(&self) -> Option<(usize, usize)> {
@@ -128,6 +142,17 @@ pub trait Backend {
         recent: &[u32],
     ) -> Result<Vec<u32>, EngineError> {
         let _ = (slot, token, pos, n, params, recent);
+        Err(EngineError::Backend(
+            "this backend has no device-side sampling".into(),
+        ))
+    }
+    /// Draws the next token of each listed output row of the last pass on the device, with
+    /// the device's seeded draw as in [`Backend::sampled_chain`], without the logits leaving
+    /// the device; `draws` name distinct rows in ascending order. The drawn rows' logits are
+    /// penalised in place: [`Backend::logits`] gives them only if read before. Only called
+    /// when [`Backend::samples_on_device`] holds for every draw's parameters.
+    fn draw(&mut self, draws: &[Draw]) -> Result<Vec<u32>, EngineError> {
+        let _ = draws;
         Err(EngineError::Backend(
             "this backend has no device-side sampling".into(),
         ))

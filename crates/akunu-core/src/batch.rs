@@ -10,9 +10,11 @@
 //! 3. the pass holds one decode token of every generating sequence, then prompt chunks of the
 //!    sequences still being prefilled, oldest first, up to the backend's batch size, so a long
 //!    prompt never stops the others' decoding for more than one pass;
-//! 4. every sequence whose last token got logits samples its next token, which goes through
-//!    its streaming detokenizer and stop-string matcher to its listener, exactly as the
-//!    single-sequence loop of [`crate::generate`] does.
+//! 4. every sequence whose last token got logits takes its next token, drawn on the device
+//!    where the backend can draw with its parameters (its logits then stay there; a sequence
+//!    reporting log-probabilities is sampled on the host), which goes through its streaming
+//!    detokenizer and stop-string matcher to its listener, exactly as the single-sequence
+//!    loop of [`crate::generate`] does.
 //!
 //! A sequence's tokens depend only on its prompt, its parameters and its logits, so with a
 //! batch-invariant backend a request gets the same tokens alone or among many.
@@ -301,8 +303,20 @@ impl<'t, B: Backend> Scheduler<'t, B> {
             .collect();
         let n_vocab = self.session.n_vocab();
         let n_ctx = self.session.n_ctx();
-        let logits = match self.session.step(&parts) {
-            Ok(logits) => logits,
+        // Tokens are drawn on the device where the backend can draw with the sequence's
+        // parameters; a sequence reporting log-probabilities needs its logits on the host.
+        let backend = self.session.backend();
+        let draws: Vec<_> = plan
+            .iter()
+            .filter(|&&(_, _, wants)| wants)
+            .map(|&(slot, _, _)| {
+                let seq = self.slots[slot].as_ref().expect("planned slots are busy");
+                let params = &seq.params.sampler;
+                (seq.logprobs.is_none() && backend.samples_on_device(params)).then_some(params)
+            })
+            .collect();
+        let drawn = match self.session.step_drawing(&parts, &draws) {
+            Ok(drawn) => drawn,
             Err(e) => {
                 let why = format!("forward pass failed: {e}");
                 for (slot, _, _) in plan {
@@ -311,7 +325,8 @@ impl<'t, B: Backend> Scheduler<'t, B> {
                 return StepStats::default();
             }
         };
-        let mut rows = logits.chunks_exact(n_vocab);
+        let mut rows = drawn.logits.chunks_exact(n_vocab);
+        let mut tokens = drawn.tokens.into_iter();
         let mut ended = Vec::new();
         for (slot, n, wants) in plan {
             let seq = self.slots[slot].as_mut().expect("planned slots are busy");
@@ -319,13 +334,19 @@ impl<'t, B: Backend> Scheduler<'t, B> {
                 seq.prefilled += n;
             }
             if wants {
-                self.row
-                    .copy_from_slice(rows.next().expect("one row per part that asked"));
+                let token = tokens.next().expect("one token per part that asked");
+                let row = rows.next();
+                let next = match token {
+                    Some(id) => Next::Drawn(id),
+                    None => {
+                        self.row
+                            .copy_from_slice(row.expect("logits for every host draw"));
+                        Next::Host(&mut self.row, &mut self.raw)
+                    }
+                };
                 // Every generated token is now in the cache, after the whole prompt.
                 let room = seq.prefilled + seq.generated < n_ctx;
-                if let Some(reason) =
-                    seq.advance(&mut self.row, &mut self.raw, self.tokenizer, room)
-                {
+                if let Some(reason) = seq.advance(next, self.tokenizer, room) {
                     ended.push((slot, reason));
                 }
             }
@@ -451,17 +472,19 @@ impl<'t, B: Backend> Scheduler<'t, B> {
     }
 }
 
+/// How a sequence gets its next token after a pass.
+enum Next<'a> {
+    /// Drawn on the device.
+    Drawn(u32),
+    /// To be sampled from the logits after the sequence's last token (the first slice), with
+    /// scratch for their unsampled copy.
+    Host(&'a mut [f32], &'a mut [f32]),
+}
+
 impl Seq<'_> {
-    /// Samples the next token from `row` (the logits after the sequence's last token) and
-    /// reports it; returns why the sequence ends, if it does. `room`: the cache can take
-    /// another token.
-    fn advance(
-        &mut self,
-        row: &mut [f32],
-        raw: &mut [f32],
-        tokenizer: &Tokenizer,
-        room: bool,
-    ) -> Option<StopReason> {
+    /// Takes the next token (`next`) and reports it; returns why the sequence ends, if it
+    /// does. `room`: the cache can take another token.
+    fn advance(&mut self, next: Next, tokenizer: &Tokenizer, room: bool) -> Option<StopReason> {
         if self.params.max_tokens.is_some_and(|m| self.generated >= m) {
             return Some(StopReason::MaxTokens);
         }
@@ -470,19 +493,22 @@ impl Seq<'_> {
             // never exceed the context, the same bound that `submit` applies to `max_tokens`.
             return Some(StopReason::ContextFull);
         }
-        if self.logprobs.is_some() {
-            // The sampler rewrites the row; log-probabilities are the model's own.
-            raw.copy_from_slice(row);
-        }
-        let id = self.sampler.sample(row);
+        let (id, logprob) = match next {
+            Next::Drawn(id) => (id, None),
+            Next::Host(row, raw) => {
+                if self.logprobs.is_some() {
+                    // The sampler rewrites the row; log-probabilities are the model's own.
+                    raw.copy_from_slice(row);
+                }
+                let id = self.sampler.sample(row);
+                (id, self.logprobs.map(|top| token_logprob(raw, id, top)))
+            }
+        };
         self.sampler.accept(id);
         if tokenizer.is_eog(id) && !self.params.ignore_eos {
             return Some(StopReason::EndOfGeneration);
         }
-        let token = GeneratedToken {
-            id,
-            logprob: self.logprobs.map(|top| token_logprob(raw, id, top)),
-        };
+        let token = GeneratedToken { id, logprob };
         self.first_token.get_or_insert_with(Instant::now);
         self.generated += 1;
         let out = self.stops.push(&self.stream.push(id));

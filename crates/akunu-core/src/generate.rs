@@ -86,20 +86,11 @@ pub fn generate<B: Backend>(
     for &t in prompt {
         sampler.accept(t);
     }
-    let mut logits = session
-        .eval(slot, &prompt[reused..], Logits::Last)?
-        .to_vec();
-    let prompt_time = start.elapsed();
-
-    let gen_start = Instant::now();
-    let mut stream = tokenizer.stream();
-    let mut stops = StopMatcher::new(&params.stop);
-    let mut tokens = Vec::new();
     // Decode can choose tokens on the device, a chain of them per host round trip: by argmax
     // for greedy decode without penalties, else by the device's sampler where the backend has
-    // one for these parameters. `pending` holds the chain's tokens not yet handed out. They
+    // one for these parameters. `pending` holds the chosen tokens not yet handed out. They
     // are already in the cache except the last, so the slot is trimmed back if generation
-    // stops early.
+    // stops early. The token after the prompt is drawn on the device too where it can be.
     let argmax = sampler.is_greedy() && params.sampler.penalties_off();
     let chain = session
         .backend()
@@ -107,6 +98,27 @@ pub fn generate<B: Backend>(
         .filter(|_| argmax || session.backend().samples_on_device(&params.sampler));
     let mut chains = 0usize;
     let mut pending = std::collections::VecDeque::new();
+    let mut logits = Vec::new();
+    // Not with `max_tokens` 0: the loop would stop before taking the drawn token, and the trim
+    // at the end would drop a prompt token for it.
+    let draw_first = chain.is_some() && params.max_tokens != Some(0);
+    let first = draw_first
+        .then(|| session.eval_drawn(slot, &prompt[reused..], &params.sampler))
+        .flatten();
+    match first {
+        Some(first) => pending.push_back(first?),
+        None => {
+            logits = session
+                .eval(slot, &prompt[reused..], Logits::Last)?
+                .to_vec()
+        }
+    }
+    let prompt_time = start.elapsed();
+
+    let gen_start = Instant::now();
+    let mut stream = tokenizer.stream();
+    let mut stops = StopMatcher::new(&params.stop);
+    let mut tokens = Vec::new();
     let reason = loop {
         if params.max_tokens.is_some_and(|m| tokens.len() >= m) {
             break StopReason::MaxTokens;
@@ -153,8 +165,13 @@ pub fn generate<B: Backend>(
                 chains += 1;
                 continue;
             }
+        } else if chain.is_some() {
+            // No tokens left to generate: the next turn stops without a pass.
+            continue;
         }
-        logits.copy_from_slice(session.eval(slot, &[tok], Logits::Last)?);
+        let next = session.eval(slot, &[tok], Logits::Last)?;
+        logits.clear();
+        logits.extend_from_slice(next);
     };
     if !pending.is_empty() {
         let keep = session.tokens(slot).len() - pending.len();

@@ -13,7 +13,7 @@ pub mod session;
 pub mod stop;
 
 pub use arch::{Activation, ArchDescriptor, Family, RopeStyle};
-pub use backend::{Backend, Batch};
+pub use backend::{Backend, Batch, Draw};
 pub use config::ModelConfig;
 pub use model::{Model, Weight, WeightId};
 pub use plan::{Buf, Op, Plan};

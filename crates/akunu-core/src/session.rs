@@ -6,7 +6,7 @@
 //! which is what prefix reuse and speculative decoding need. Context overflow and bad token ids
 //! are refused before any work is done, so a failed call leaves the slot as it was.
 
-use crate::backend::{Backend, Batch};
+use crate::backend::{Backend, Batch, Draw};
 use crate::sampling::SamplerParams;
 use crate::EngineError;
 
@@ -17,6 +17,28 @@ pub enum Logits {
     None,
     /// The last token's only: what generation needs.
     Last,
+}
+
+/// What a [`Session::step_drawing`] gives back.
+#[derive(Debug)]
+pub struct Drawn<'a> {
+    /// Per part that asked for logits, in order: the token drawn on the device, or `None`
+    /// where the caller draws from `logits`.
+    pub tokens: Vec<Option<u32>>,
+    /// The logits of every part that asked for them (as [`Session::step`] returns them) when
+    /// some token is left to the caller; empty when the device drew them all.
+    pub logits: &'a [f32],
+}
+
+/// The draw from output `row` of a slot holding `history`: the slot's last tokens as the
+/// penalty window, the next position as the step.
+fn draw_after<'a>(row: usize, params: &'a SamplerParams, history: &'a [u32]) -> Draw<'a> {
+    Draw {
+        row,
+        params,
+        recent: &history[history.len() - history.len().min(params.penalty_last_n)..],
+        step: history.len() as u64,
+    }
 }
 
 /// What one slot contributes to a [`Session::step`].
@@ -110,6 +132,17 @@ impl<B: Backend> Session<B> {
         tokens: &[u32],
         logits: Logits,
     ) -> Result<&[f32], EngineError> {
+        self.passes(slot, tokens, logits == Logits::Last)?;
+        if logits == Logits::Last {
+            self.last_output()
+        } else {
+            Ok(&[])
+        }
+    }
+
+    /// Appends `tokens` to the slot in passes of at most the backend's batch size, the last
+    /// token an output of the last pass if `last`.
+    fn passes(&mut self, slot: usize, tokens: &[u32], last: bool) -> Result<(), EngineError> {
         self.check_append(slot, tokens)?;
         if tokens.is_empty() {
             return Err(EngineError::BadBatch("no tokens to evaluate".into()));
@@ -117,19 +150,14 @@ impl<B: Backend> Session<B> {
         let chunk = self.backend.max_batch().max(1);
         let n_chunks = tokens.len().div_ceil(chunk);
         for (i, part) in tokens.chunks(chunk).enumerate() {
-            let want_last = logits == Logits::Last && i + 1 == n_chunks;
-            let outputs = if want_last {
+            let outputs = if last && i + 1 == n_chunks {
                 part.len() - 1..part.len()
             } else {
                 0..0
             };
             self.run(slot, part, outputs)?;
         }
-        if logits == Logits::Last {
-            self.last_output()
-        } else {
-            Ok(&[])
-        }
+        Ok(())
     }
 
     /// Appends `tokens` to the slot and calls `each(i, logits)` for every position `i` of
@@ -248,6 +276,12 @@ impl<B: Backend> Session<B> {
     /// logits after the last token of every part that asks for them, in the order given.
     /// Every part is checked before any work, so a refused step changes nothing.
     pub fn step(&mut self, parts: &[Part]) -> Result<&[f32], EngineError> {
+        self.pass(parts)?;
+        self.last_output()
+    }
+
+    /// The pass of a [`Session::step`], its logits left with the backend.
+    fn pass(&mut self, parts: &[Part]) -> Result<(), EngineError> {
         let total: usize = parts.iter().map(|p| p.tokens.len()).sum();
         if parts.is_empty() || total == 0 || total > self.backend.max_batch() {
             return Err(EngineError::BadBatch(format!(
@@ -289,7 +323,89 @@ impl<B: Backend> Session<B> {
         for part in parts {
             self.history[part.slot].extend_from_slice(part.tokens);
         }
-        self.last_output()
+        Ok(())
+    }
+
+    /// [`Session::step`] whose parts' next tokens are drawn on the device where `draws` gives
+    /// parameters (one entry per part that asks for logits, in order): their logits never
+    /// leave the device unless another part's token is left to the caller. Each draw's
+    /// penalty window is its slot's last tokens and its step the drawn token's position, as in
+    /// [`Session::sampled_chain`]. Refused before any work where the backend cannot draw with
+    /// some entry's parameters.
+    pub fn step_drawing(
+        &mut self,
+        parts: &[Part],
+        draws: &[Option<&SamplerParams>],
+    ) -> Result<Drawn<'_>, EngineError> {
+        let asking = parts.iter().filter(|p| p.logits).count();
+        if draws.len() != asking {
+            return Err(EngineError::BadBatch(format!(
+                "{} draws for {asking} parts asking for logits",
+                draws.len()
+            )));
+        }
+        if let Some(p) = draws
+            .iter()
+            .flatten()
+            .find(|p| !self.backend.samples_on_device(p))
+        {
+            return Err(EngineError::BadBatch(format!(
+                "the backend cannot draw with {p:?} on the device"
+            )));
+        }
+        self.pass(parts)?;
+        let host = draws.iter().any(Option::is_none);
+        if host {
+            // Read before the draws, which penalise their rows in place.
+            self.last_output()?;
+        }
+        let list: Vec<Draw> = parts
+            .iter()
+            .filter(|p| p.logits)
+            .zip(draws)
+            .enumerate()
+            .filter_map(|(row, (part, d))| Some(draw_after(row, (*d)?, &self.history[part.slot])))
+            .collect();
+        let drawn = if list.is_empty() {
+            Vec::new()
+        } else {
+            self.backend.draw(&list)?
+        };
+        self.check_drawn(&drawn, list.len())?;
+        let mut drawn = drawn.into_iter();
+        let tokens = draws.iter().map(|d| d.and_then(|_| drawn.next())).collect();
+        let logits = if host { self.last_output()? } else { &[] };
+        Ok(Drawn { tokens, logits })
+    }
+
+    /// [`Session::eval`] of `tokens`, then the next token drawn on the device with `params`
+    /// (as [`Session::step_drawing`] draws), the logits left there. `None`, before any work,
+    /// where the backend cannot draw with `params` on the device.
+    pub fn eval_drawn(
+        &mut self,
+        slot: usize,
+        tokens: &[u32],
+        params: &SamplerParams,
+    ) -> Option<Result<u32, EngineError>> {
+        if !self.backend.samples_on_device(params) {
+            return None;
+        }
+        Some(self.passes(slot, tokens, true).and_then(|()| {
+            let draw = draw_after(0, params, &self.history[slot]);
+            let drawn = self.backend.draw(&[draw])?;
+            self.check_drawn(&drawn, 1)?;
+            Ok(drawn[0])
+        }))
+    }
+
+    /// Refuses a draw that did not give `n` tokens of the vocabulary.
+    fn check_drawn(&self, drawn: &[u32], n: usize) -> Result<(), EngineError> {
+        if drawn.len() != n || drawn.iter().any(|&t| t as usize >= self.n_vocab) {
+            return Err(EngineError::Backend(format!(
+                "a draw returned {drawn:?} for {n} tokens"
+            )));
+        }
+        Ok(())
     }
 
     /// One pass of `part` appended to the slot, with logits for the rows in `outputs`. The
@@ -327,9 +443,9 @@ impl<B: Backend> Session<B> {
     }
 
     /// The logits of the last forward pass.
-    fn last_output(&self) -> Result<&[f32], EngineError> {
+    fn last_output(&mut self) -> Result<&[f32], EngineError> {
         let want = self.outputs.len() * self.n_vocab;
-        let out = self.backend.logits();
+        let out = self.backend.logits()?;
         if out.len() != want {
             return Err(EngineError::Backend(format!(
                 "backend returned {} logits, expected {want}",

@@ -638,7 +638,7 @@ impl Backend for CpuBackend {
         pool.install(|| self.run(batch))
     }
 
-    fn logits(&self) -> &[f32] {
-        &self.logits
+    fn logits(&mut self) -> Result<&[f32], EngineError> {
+        Ok(&self.logits)
     }
 }

@@ -78,8 +78,9 @@ fn forward(b: &mut CpuBackend, parts: &[Part]) -> Vec<Vec<f32>> {
     if outputs.is_empty() {
         return Vec::new();
     }
-    let n_vocab = b.logits().len() / outputs.len();
-    b.logits().chunks(n_vocab).map(<[f32]>::to_vec).collect()
+    let logits = b.logits().expect("logits");
+    let n_vocab = logits.len() / outputs.len();
+    logits.chunks(n_vocab).map(<[f32]>::to_vec).collect()
 }
 
 fn argmax(row: &[f32]) -> u32 {

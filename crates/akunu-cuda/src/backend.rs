@@ -19,13 +19,17 @@
 //! replayed, their kernels joined by programmatic dependent launch on Hopper (each kernel is
 //! scheduled while its predecessor drains). Chain decode (`Backend::greedy_chain`) replays the
 //! one-token graph with the next token chosen on the device, reading tokens back once per chain.
+//! A pass's logits stay on the device until asked for, so tokens drawn there after a pass
+//! (`Backend::draw`: a batched decode step, the token after a prompt) cost one small read.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use akunu_core::sampling::SamplerParams;
-use akunu_core::{Activation, Backend, Batch, Buf, EngineError, Model, Op, RopeStyle, WeightId};
+use akunu_core::{
+    Activation, Backend, Batch, Buf, Draw, EngineError, Model, Op, RopeStyle, WeightId,
+};
 use akunu_quant::GgmlType;
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph};
@@ -38,7 +42,7 @@ use crate::gemm::{GemmKernels, GemmScratch};
 use crate::gpu::{DeviceBuffer, Gpu};
 use crate::layers::LayerKernels;
 use crate::matmul::{ActScratch, DeviceMatrix, MatmulKernels};
-use crate::sample::{Chain, SampleKernels, SamplerState, MAX_WINDOW};
+use crate::sample::{Chain, RowSetup, SampleKernels, SamplerState, MAX_WINDOW};
 use crate::CudaError;
 
 /// How the backend is sized.
@@ -159,7 +163,11 @@ pub struct CudaBackend {
     meta_layout: MetaLayout,
     meta_host: Vec<u32>,
     logits_dev: DeviceBuffer,
+    /// The last pass's logits as the host has them.
     logits: Vec<f32>,
+    host_logits: HostLogits,
+    /// Output rows of the last pass whose logits are on the device untouched by a draw.
+    drawable: usize,
     mm: MatmulKernels,
     gemm: GemmKernels,
     layers: LayerKernels,
@@ -175,6 +183,8 @@ pub struct CudaBackend {
     sampler: SampleKernels,
     /// The sampled chains' parameters, step and penalty window (one row), made on first use.
     chain_sampler: Option<SamplerState>,
+    /// The state and tokens of draws after a pass (a row per draw), made and grown on use.
+    draws: Option<Draws>,
     /// Captured passes by (tokens, outputs, the chain's choice, one token per slot).
     graphs: HashMap<(usize, usize, Pick, bool), Graph>,
     /// The tokens a chain chose (one per position of the context at most) and their count.
@@ -183,6 +193,23 @@ pub struct CudaBackend {
     use_graphs: bool,
     /// Per-step GPU time when profiling (events around each step, no graphs).
     op_times: Option<Vec<f64>>,
+}
+
+/// Whether the host has the last pass's logits.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum HostLogits {
+    /// Read (or no pass yet).
+    Read,
+    /// On the device only: `n` rows to read on the first ask.
+    OnDevice(usize),
+    /// Gone: a draw penalised them in place, or a chain replaced them, before any read.
+    Spent,
+}
+
+/// Draws after a pass ([`Backend::draw`]): sampler rows and the tokens they draw.
+struct Draws {
+    state: SamplerState,
+    out: DeviceBuffer,
 }
 
 /// How a pass ends: with its logits, or choosing a decode chain's next token on the device.
@@ -385,6 +412,8 @@ impl CudaBackend {
             meta_layout,
             logits_dev,
             logits: Vec::new(),
+            host_logits: HostLogits::Read,
+            drawable: 0,
             mm,
             gemm,
             layers,
@@ -394,6 +423,7 @@ impl CudaBackend {
             one_per_slot: false,
             sampler,
             chain_sampler: None,
+            draws: None,
             graphs: HashMap::new(),
             chain_out,
             chain_counter,
@@ -1079,6 +1109,8 @@ impl CudaBackend {
             outputs: &[0],
         };
         self.upload_meta(&batch)?;
+        self.host_logits = HostLogits::Spent;
+        self.drawable = 0;
         self.gpu.write(&self.chain_counter, 0, &[0u32])?;
         for _ in 0..n {
             self.run(1, 1, pick)?;
@@ -1118,16 +1150,31 @@ impl Backend for CudaBackend {
         )?;
         let (m, n_out) = (batch.tokens.len(), batch.outputs.len());
         self.upload_meta(batch).map_err(backend_err)?;
+        self.host_logits = HostLogits::Spent;
+        self.drawable = 0;
         self.run(m, n_out, Pick::Logits).map_err(backend_err)?;
-        let n_vocab = self.model.config.n_vocab;
-        self.logits.resize(n_out * n_vocab, 0.0);
-        self.gpu
-            .read(&self.logits_dev, 0, &mut self.logits)
-            .map_err(backend_err)
+        self.host_logits = HostLogits::OnDevice(n_out);
+        self.drawable = n_out;
+        Ok(())
     }
 
-    fn logits(&self) -> &[f32] {
-        &self.logits
+    fn logits(&mut self) -> Result<&[f32], EngineError> {
+        match self.host_logits {
+            HostLogits::Read => {}
+            HostLogits::OnDevice(n_out) => {
+                self.logits.resize(n_out * self.model.config.n_vocab, 0.0);
+                self.gpu
+                    .read(&self.logits_dev, 0, &mut self.logits)
+                    .map_err(backend_err)?;
+                self.host_logits = HostLogits::Read;
+            }
+            HostLogits::Spent => {
+                return Err(EngineError::Backend(
+                    "the last pass's logits were used on the device before being read".into(),
+                ))
+            }
+        }
+        Ok(&self.logits)
     }
 
     fn chain_lengths(&self) -> Option<(usize, usize)> {
@@ -1186,6 +1233,78 @@ impl Backend for CudaBackend {
         let exact = state.needs_exact_launches(1, n_vocab);
         self.chain(slot, token, pos, n, Pick::Sample { exact })
             .map_err(backend_err)
+    }
+
+    /// Sets a sampler row per draw, then draws each run of consecutive output rows in one
+    /// launch (a run of rows with its run of sampler rows) and reads the tokens back once.
+    fn draw(&mut self, draws: &[Draw]) -> Result<Vec<u32>, EngineError> {
+        if draws.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ascending = draws.windows(2).all(|w| w[0].row < w[1].row);
+        if !ascending || draws[draws.len() - 1].row >= self.drawable {
+            return Err(EngineError::BadBatch(format!(
+                "draws from rows {:?} of a pass whose {} output rows can be drawn from",
+                draws.iter().map(|d| d.row).collect::<Vec<_>>(),
+                self.drawable
+            )));
+        }
+        if let Some(d) = draws.iter().find(|d| !self.samples_on_device(d.params)) {
+            return Err(EngineError::BadBatch(format!(
+                "no device draw with {:?}",
+                d.params
+            )));
+        }
+        self.drawable = 0;
+        if self.host_logits != HostLogits::Read {
+            self.host_logits = HostLogits::Spent;
+        }
+        self.draw_rows(draws).map_err(backend_err)
+    }
+}
+
+impl CudaBackend {
+    fn draw_rows(&mut self, draws: &[Draw]) -> Result<Vec<u32>, CudaError> {
+        let n = draws.len();
+        if self.draws.as_ref().is_none_or(|d| d.state.n_rows() < n) {
+            // A row per slot (a batched decode step's draws) from the first draw on.
+            let rows = n.max(self.opts.n_slots.min(self.opts.max_batch));
+            self.draws = Some(Draws {
+                state: SamplerState::new(&self.gpu, rows, MAX_WINDOW)?,
+                out: self.gpu.alloc(rows * 4)?,
+            });
+        }
+        let Draws { state, out } = self.draws.as_mut().expect("made above");
+        let rows: Vec<RowSetup> = draws
+            .iter()
+            .map(|d| RowSetup {
+                params: d.params,
+                history: d.recent,
+                step: d.step,
+            })
+            .collect();
+        state.set_rows(0, &rows)?;
+        let n_vocab = self.model.config.n_vocab;
+        let mut start = 0;
+        while start < n {
+            let mut end = start + 1;
+            while end < n && draws[end].row == draws[end - 1].row + 1 {
+                end += 1;
+            }
+            self.sampler.sample_rows(
+                &self.gpu,
+                self.logits_dev.at(draws[start].row * n_vocab * 4),
+                end - start,
+                n_vocab,
+                state,
+                start,
+                out.at(start * 4),
+            )?;
+            start = end;
+        }
+        let mut tokens = vec![0u32; n];
+        self.gpu.read(out, 0, &mut tokens)?;
+        Ok(tokens)
     }
 }
 

@@ -19,9 +19,11 @@
 //!   (correct, much slower). The draw is Gumbel-max with Philox noise keyed by the seed and
 //!   counted by (token, step), so a seed gives the same tokens on every run, but not the CPU's
 //!   tokens.
-//! - [`SamplerState`]: per row, the parameters (written once per generation by
-//!   [`SamplerState::set_params`]), the step counter and the penalty window, a ring buffer the
+//! - [`SamplerState`]: per row, the parameters (written once per chain by
+//!   [`SamplerState::set_params_at`], or for all of a pass's draws at once by
+//!   [`SamplerState::set_rows`]), the step counter and the penalty window, a ring buffer the
 //!   sampler appends each chosen token to; so a graph replays the sampler unchanged.
+//!   [`SampleKernels::sample_rows`] draws a run of logits rows with a run of state rows.
 
 use std::sync::Arc;
 
@@ -119,6 +121,16 @@ pub struct SampleKernels {
     exact_hist: Kernel,
     exact_draw: Kernel,
     argmax_scratch: DeviceBuffer,
+}
+
+/// What [`SamplerState::set_rows`] writes into one row.
+#[derive(Clone, Copy, Debug)]
+pub struct RowSetup<'a> {
+    pub params: &'a SamplerParams,
+    /// The tokens the penalty window starts with (its last `penalty_last_n` are kept).
+    pub history: &'a [u32],
+    /// The number of the row's next draw.
+    pub step: u64,
 }
 
 /// Parameters, step counters, penalty windows and scratch for `n_rows` sequences sampled
@@ -241,8 +253,7 @@ impl SampleKernels {
         state: &SamplerState,
         out_tokens: u64,
     ) -> Result<(), CudaError> {
-        let exact = state.needs_exact_launches(m, n_vocab);
-        self.sample_with(gpu, logits, m, n_vocab, state, out_tokens, exact)
+        self.sample_rows(gpu, logits, m, n_vocab, state, 0, out_tokens)
     }
 
     /// [`SampleKernels::sample`] with the exact path's launches made or not, whatever the
@@ -266,9 +277,36 @@ impl SampleKernels {
             logits,
             m,
             n_vocab,
-            state,
+            (state, 0),
             out_tokens,
             exact_launches,
+            None,
+        )
+    }
+
+    /// [`SampleKernels::sample`] of `m` rows of `logits` with the state's rows from `first`
+    /// (logits row `r` with state row `first + r`), the tokens to `out_tokens` (`u32[m]`):
+    /// rows drawn together need not be the first rows of a state.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sample_rows(
+        &self,
+        gpu: &Gpu,
+        logits: u64,
+        m: usize,
+        n_vocab: usize,
+        state: &SamplerState,
+        first: usize,
+        out_tokens: u64,
+    ) -> Result<(), CudaError> {
+        let exact = state.needs_exact_rows(first, m, n_vocab);
+        self.launch_sample(
+            gpu,
+            logits,
+            m,
+            n_vocab,
+            (state, first),
+            out_tokens,
+            exact,
             None,
         )
     }
@@ -293,7 +331,7 @@ impl SampleKernels {
             logits,
             1,
             n_vocab,
-            state,
+            (state, 0),
             out_token,
             exact_launches,
             Some(chain),
@@ -307,22 +345,26 @@ impl SampleKernels {
         logits: u64,
         m: usize,
         n_vocab: usize,
-        state: &SamplerState,
+        (state, first): (&SamplerState, usize),
         out_tokens: u64,
         exact_launches: bool,
         chain: Option<&Chain>,
     ) -> Result<(), CudaError> {
         let n = check_shape(m, n_vocab)?;
         let c = chain_args(m, chain)?;
-        if m > state.n_rows {
+        if first + m > state.n_rows {
             return Err(CudaError::Bounds(format!(
-                "sampling {m} rows with a state for {}",
+                "sampling {m} rows from row {first} of a state for {}",
                 state.n_rows
             )));
         }
         if m == 0 {
             return Ok(());
         }
+        let params = state.params.at(first * PARAMS_BYTES);
+        let states = state.states.at(first * STATE_BYTES);
+        let rings = state.rings.at(first * state.window * 4);
+        let scratch = state.scratch.at(first * ROW_SCRATCH);
         let (splits, per_block) = split(n_vocab, SAMPLE_SLICE, MAX_SPLITS);
         // The CPU's tail bound, ln(V) + 17, in the same f32 arithmetic.
         let ln_n17 = (n_vocab as f32).ln() + 17.0;
@@ -338,11 +380,11 @@ impl SampleKernels {
                 Arg::U32(n),
                 Arg::U32(per_block),
                 Arg::F32(ln_n17),
-                Arg::Ptr(state.params.ptr()),
-                Arg::Ptr(state.states.ptr()),
-                Arg::Ptr(state.rings.ptr()),
+                Arg::Ptr(params),
+                Arg::Ptr(states),
+                Arg::Ptr(rings),
                 Arg::U32(state.window as u32),
-                Arg::Ptr(state.scratch.ptr()),
+                Arg::Ptr(scratch),
                 Arg::Ptr(out_tokens),
                 Arg::U32(u32::from(exact_launches)),
                 Arg::Ptr(c.positions),
@@ -363,9 +405,9 @@ impl SampleKernels {
                 Arg::U32(n),
                 Arg::U32(per_block),
                 Arg::F32(ln_n17),
-                Arg::Ptr(state.params.ptr()),
-                Arg::Ptr(state.states.ptr()),
-                Arg::Ptr(state.scratch.ptr()),
+                Arg::Ptr(params),
+                Arg::Ptr(states),
+                Arg::Ptr(scratch),
             ],
         )?;
         gpu.launch(
@@ -378,11 +420,11 @@ impl SampleKernels {
                 Arg::U32(n),
                 Arg::U32(per_block),
                 Arg::F32(ln_n17),
-                Arg::Ptr(state.params.ptr()),
-                Arg::Ptr(state.states.ptr()),
-                Arg::Ptr(state.rings.ptr()),
+                Arg::Ptr(params),
+                Arg::Ptr(states),
+                Arg::Ptr(rings),
                 Arg::U32(state.window as u32),
-                Arg::Ptr(state.scratch.ptr()),
+                Arg::Ptr(scratch),
                 Arg::Ptr(out_tokens),
                 Arg::Ptr(c.positions),
                 Arg::Ptr(c.out),
@@ -450,7 +492,13 @@ impl SamplerState {
     /// (a temperature above 0 with top-k off, at least `n_vocab`, or above [`FAST_TOP_K`]),
     /// which [`SampleKernels::sample`] then serves with two more launches.
     pub fn needs_exact_launches(&self, m: usize, n_vocab: usize) -> bool {
-        self.modes.iter().take(m).any(|&(temperature, top_k)| {
+        self.needs_exact_rows(0, m, n_vocab)
+    }
+
+    /// [`SamplerState::needs_exact_launches`] for rows `first..first + m`.
+    pub fn needs_exact_rows(&self, first: usize, m: usize, n_vocab: usize) -> bool {
+        let mut rows = self.modes.iter().skip(first).take(m);
+        rows.any(|&(temperature, top_k)| {
             temperature > 0.0 && !(top_k > 0 && top_k < n_vocab && top_k <= FAST_TOP_K)
         })
     }
@@ -478,12 +526,57 @@ impl SamplerState {
         history: &[u32],
         step: u64,
     ) -> Result<(), CudaError> {
-        if row >= self.n_rows {
+        self.set_rows(
+            row,
+            &[RowSetup {
+                params,
+                history,
+                step,
+            }],
+        )
+    }
+
+    /// [`SamplerState::set_params_at`] for rows `first..first + rows.len()`, in one write of
+    /// the parameters and one of the steps (and one per penalised row's window).
+    pub fn set_rows(&mut self, first: usize, rows: &[RowSetup]) -> Result<(), CudaError> {
+        if first + rows.len() > self.n_rows {
             return Err(CudaError::Bounds(format!(
-                "sampler row {row} of {}",
+                "sampler rows {first}..{} of {}",
+                first + rows.len(),
                 self.n_rows
             )));
         }
+        let mut dps = Vec::with_capacity(rows.len());
+        let mut sts = Vec::with_capacity(rows.len());
+        let mut windows = Vec::new();
+        for (i, r) in rows.iter().enumerate() {
+            let (dp, st, kept) = self.encode(r.params, r.history, r.step)?;
+            dps.push(dp);
+            sts.push(st);
+            if !kept.is_empty() {
+                windows.push((first + i, kept));
+            }
+        }
+        self.gpu.write(&self.params, first * PARAMS_BYTES, &dps)?;
+        for (row, kept) in windows {
+            self.gpu.write(&self.rings, row * self.window * 4, kept)?;
+        }
+        self.gpu.write(&self.states, first * STATE_BYTES, &sts)?;
+        for (i, r) in rows.iter().enumerate() {
+            self.modes[first + i] = (r.params.temperature, r.params.top_k);
+        }
+        Ok(())
+    }
+
+    /// A row's parameters and state on the device for `params` at `step`, and the penalty
+    /// window to write into its ring (empty where no penalty applies: the kernels then never
+    /// read it).
+    fn encode<'h>(
+        &self,
+        params: &SamplerParams,
+        history: &'h [u32],
+        step: u64,
+    ) -> Result<(DeviceParams, DeviceRowState, &'h [u32]), CudaError> {
         params
             .validate()
             .map_err(|e| CudaError::Unsupported(e.to_string()))?;
@@ -531,10 +624,6 @@ impl SamplerState {
             ticket_draw: 0,
             pad: 0,
         };
-        self.gpu.write(&self.params, row * PARAMS_BYTES, &[dp])?;
-        self.gpu.write(&self.rings, row * self.window * 4, kept)?;
-        self.gpu.write(&self.states, row * STATE_BYTES, &[st])?;
-        self.modes[row] = (params.temperature, params.top_k);
-        Ok(())
+        Ok((dp, st, if penalize { kept } else { &[] }))
     }
 }

@@ -15,18 +15,22 @@
 //! teacher-forced decode steps choosing the CPU's token wherever the CPU's choice is not a near
 //! tie; device-side greedy chains equal to the host loop on the GPU, token for token; sampled
 //! chains equal to the host loop with the CPU sampler where the draw is certain, and to
-//! themselves however a generation is cut into chains where it is not; passes of
+//! themselves however a generation is cut into chains where it is not; the scheduler's draws
+//! on the device equal the CPU sampler's where certain, and a seed's tokens in chains where
+//! not; passes of
 //! every size from 1 to past the GEMV limit; the kernel modules a backend lists beforehand are
 //! the ones it loads.
 
 mod common;
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use akunu_core::batch::{Listener, Scheduler, SeqEvent, SeqRequest};
+use akunu_core::generate::{generate, GenerateParams};
 use akunu_core::sampling::{Sampler, SamplerParams};
 use akunu_core::session::Logits;
-use akunu_core::{Backend, Model, Session};
+use akunu_core::{Backend, Batch, Draw, Model, Session};
 use akunu_cpu::{CpuBackend, CpuOptions};
 use akunu_cuda::backend::{CudaBackend, CudaOptions};
 use akunu_cuda::compile::ModuleKey;
@@ -291,6 +295,33 @@ fn decode_steps_choose_the_cpus_token_and_chains_equal_the_host_loop() {
     }
 }
 
+/// Parameters whose draws are not certain, on each of the sampler's paths: the defaults with a
+/// repeat penalty (per-block top-k lists), and top-p alone (the exact path's launches).
+fn real_draws(seed: u64) -> [(&'static str, SamplerParams); 2] {
+    [
+        (
+            "fast path",
+            SamplerParams {
+                seed,
+                repeat_penalty: 1.2,
+                ..SamplerParams::default()
+            },
+        ),
+        (
+            "exact path",
+            SamplerParams {
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 0.9,
+                min_p: 0.0,
+                penalty_last_n: 0,
+                seed: seed + 1,
+                ..SamplerParams::default()
+            },
+        ),
+    ]
+}
+
 /// A session on the GPU that reads `prompt`, then takes `first` and sampled chains of `lens`
 /// tokens with `params`: `first` and every chain's tokens.
 fn sampled_chains(
@@ -354,27 +385,7 @@ fn sampled_chains_follow_the_cpu_sampler_and_their_seed() {
             "{name}: certain draws differ from the host loop"
         );
 
-        for (what, params) in [
-            (
-                "fast path",
-                SamplerParams {
-                    seed: 21,
-                    ..SamplerParams::default()
-                },
-            ),
-            (
-                "exact path",
-                SamplerParams {
-                    temperature: 1.0,
-                    top_k: 0,
-                    top_p: 0.9,
-                    min_p: 0.0,
-                    penalty_last_n: 0,
-                    seed: 22,
-                    ..SamplerParams::default()
-                },
-            ),
-        ] {
+        for (what, params) in real_draws(21) {
             let a = sampled_chains(&g, model, &p, looped[0], &params, &[4, 27]);
             let b = sampled_chains(&g, model, &p, looped[0], &params, &[31]);
             let c = sampled_chains(&g, model, &p, looped[0], &params, &[1, 9, 21]);
@@ -386,6 +397,136 @@ fn sampled_chains_follow_the_cpu_sampler_and_their_seed() {
                 distinct.len(),
                 a.len()
             );
+        }
+    }
+}
+
+/// Keeps a sequence's tokens.
+#[derive(Clone, Default)]
+struct Kept(Arc<Mutex<Vec<u32>>>);
+
+impl Listener for Kept {
+    fn send(&mut self, event: SeqEvent) -> bool {
+        match event {
+            SeqEvent::Delta { tokens, .. } => {
+                self.0.lock().unwrap().extend(tokens.iter().map(|t| t.id));
+            }
+            SeqEvent::Failed(why) => panic!("a sequence failed: {why}"),
+            SeqEvent::Finished(_) => {}
+        }
+        true
+    }
+
+    fn cancelled(&self) -> bool {
+        false
+    }
+}
+
+/// `requests` (prompt, parameters, log-probabilities) submitted together to a scheduler over a
+/// GPU session with a slot each; each one's tokens.
+fn scheduled(
+    g: &Arc<akunu_cuda::Gpu>,
+    model: &Arc<Model>,
+    requests: &[(Vec<u32>, SamplerParams, Option<usize>)],
+    max_tokens: usize,
+) -> Vec<Vec<u32>> {
+    let session = gpu(g, model, 256, requests.len());
+    let mut sched = Scheduler::new(session, &model.tokenizer).unwrap();
+    let kept: Vec<Kept> = requests.iter().map(|_| Kept::default()).collect();
+    for ((prompt, sampler, logprobs), k) in requests.iter().zip(&kept) {
+        let request = SeqRequest {
+            prompt: prompt.clone(),
+            params: GenerateParams {
+                max_tokens: Some(max_tokens),
+                sampler: sampler.clone(),
+                stop: Vec::new(),
+                ignore_eos: true,
+            },
+            logprobs: *logprobs,
+        };
+        sched.submit(request, Box::new(k.clone())).unwrap();
+    }
+    while !sched.is_idle() {
+        sched.step();
+    }
+    kept.iter().map(|k| k.0.lock().unwrap().clone()).collect()
+}
+
+/// The scheduler draws its sequences' tokens on the device (their logits never read back)
+/// unless a sequence reports log-probabilities. Where the draw is certain (top-k 1, with and
+/// without penalties), the device's tokens are the CPU sampler's from the same logits: four
+/// sequences decoding together, drawn all on the device, every other one on the host (rows
+/// drawn around host rows), and all on the host.
+#[test]
+fn batched_draws_on_the_device_follow_the_cpu_sampler() {
+    let Some(g) = common::gpu() else { return };
+    let families = if common::sanitizing() { 1 } else { usize::MAX };
+    for tm in models().into_iter().take(families) {
+        let (name, model) = (&tm.name, &tm.model);
+        let certain = |penalty_last_n: usize, seed: u64| SamplerParams {
+            temperature: 0.9,
+            top_k: 1,
+            top_p: 0.95,
+            min_p: 0.0,
+            repeat_penalty: 1.4,
+            frequency_penalty: 0.3,
+            presence_penalty: 0.2,
+            penalty_last_n,
+            seed,
+        };
+        let prompts: Vec<Vec<u32>> = [5usize, 12, 20, 9]
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| tm.prompt(len, 40 + i as u64))
+            .collect();
+        let windows = [0usize, 8, 16, 64];
+        let runs: Vec<Vec<Vec<u32>>> = [[false; 4], [true, false, true, false], [true; 4]]
+            .iter()
+            .map(|host| {
+                let requests: Vec<_> = (0..4)
+                    .map(|i| {
+                        let logprobs = host[i].then_some(0);
+                        (prompts[i].clone(), certain(windows[i], i as u64), logprobs)
+                    })
+                    .collect();
+                scheduled(&g, model, &requests, 16)
+            })
+            .collect();
+        assert!(
+            runs[0].iter().all(|t| t.len() == 16),
+            "{name}: {:?}",
+            runs[0]
+        );
+        assert_eq!(runs[0], runs[1], "{name}: device rows around host rows");
+        assert_eq!(
+            runs[0], runs[2],
+            "{name}: device draws against the CPU sampler"
+        );
+    }
+}
+
+/// A seed draws the same tokens through the scheduler's draws after each pass as through
+/// `generate`'s (the token after the prompt drawn after the prompt's pass, then sampled
+/// chains): a draw is numbered by the drawn token's position either way. The fast path and
+/// the exact path's launches.
+#[test]
+fn a_seed_draws_the_same_tokens_in_the_scheduler_and_in_chains() {
+    let Some(g) = common::gpu() else { return };
+    let families = if common::sanitizing() { 1 } else { usize::MAX };
+    for tm in models().into_iter().take(families) {
+        let (name, model) = (&tm.name, &tm.model);
+        let p = tm.prompt(12, 11);
+        for (what, sampler) in real_draws(31) {
+            let alone = scheduled(&g, model, &[(p.clone(), sampler.clone(), None)], 24);
+            let mut d = gpu(&g, model, 256, 1);
+            let params = GenerateParams {
+                max_tokens: Some(24),
+                sampler,
+                stop: Vec::new(),
+                ignore_eos: true,
+            };
+            let out = generate(&mut d, 0, &model.tokenizer, &p, &params, |_| true).unwrap();
+            assert_eq!(alone[0], out.tokens, "{name} {what}");
         }
     }
 }
@@ -437,6 +578,32 @@ fn refusals_leave_the_backend_usable() {
     let ok = d.eval(0, &[300, 301], Logits::Last).unwrap();
     assert!(ok.iter().all(|x| x.is_finite()));
     assert_eq!(d.backend().n_ctx(), 32);
+
+    // Draws from rows the last pass did not output, or out of order, or twice from a pass.
+    let draw = |row| Draw {
+        row,
+        params: &params,
+        recent: &[300],
+        step: 3,
+    };
+    let b = d.backend_mut();
+    assert!(b.draw(&[draw(1)]).is_err());
+    b.forward(&Batch {
+        tokens: &[302, 303],
+        positions: &[2, 3],
+        slots: &[0, 0],
+        outputs: &[0, 1],
+    })
+    .unwrap();
+    assert!(b.draw(&[draw(1), draw(0)]).is_err());
+    assert!(b.draw(&[draw(0), draw(2)]).is_err());
+    let t = b.draw(&[draw(0), draw(1)]).unwrap();
+    assert!(t.iter().all(|&t| t < n_vocab), "{t:?}");
+    assert!(b.draw(&[draw(0)]).is_err());
+    // Their logits were penalised on the device before any read.
+    assert!(b.logits().is_err());
+    let ok = d.eval(0, &[304], Logits::Last).unwrap();
+    assert!(ok.iter().all(|x| x.is_finite()));
 }
 
 #[test]

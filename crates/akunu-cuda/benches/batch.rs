@@ -1,0 +1,192 @@
+//! Continuous batching's decode speed on the GPU: a scheduler over N slots decoding N requests
+//! at once with the CLI's default sampler (seeded), each a 16-token prompt and 128 generated
+//! tokens, past end-of-generation. Two ways to choose the tokens, taking turns round by round:
+//! drawn on the device after each pass (the scheduler's default) and drawn by the host from the
+//! logits read back (the same backend behind a wrapper that declines device draws). A time is
+//! the median over rounds of the decode passes' wall time (passes without prompt tokens, less
+//! the first, which captures the pass's graph), host clock, as generated tokens per second over
+//! all sequences.
+//!
+//!   bench-batch MODEL.gguf [--slots 1,4,8,16] [--rounds 3]
+//!
+//! Built by `cargo bench --no-run` (scripts/gpu/build.sh carries it as `.gpu/bin/bench-batch`).
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use akunu_core::batch::{Listener, Scheduler, SeqEvent, SeqRequest};
+use akunu_core::generate::GenerateParams;
+use akunu_core::sampling::SamplerParams;
+use akunu_core::{Backend, Batch, Draw, EngineError, Model, Session};
+use akunu_cuda::backend::{CudaBackend, CudaOptions};
+use akunu_cuda::Gpu;
+
+const PROMPT: usize = 16;
+const GENERATED: usize = 128;
+
+/// The CUDA backend with device draws declined, so the scheduler reads logits back.
+struct HostDraws(CudaBackend);
+
+impl Backend for HostDraws {
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+    fn max_batch(&self) -> usize {
+        self.0.max_batch()
+    }
+    fn n_ctx(&self) -> usize {
+        self.0.n_ctx()
+    }
+    fn n_slots(&self) -> usize {
+        self.0.n_slots()
+    }
+    fn forward(&mut self, batch: &Batch) -> Result<(), EngineError> {
+        self.0.forward(batch)
+    }
+    fn logits(&mut self) -> Result<&[f32], EngineError> {
+        self.0.logits()
+    }
+    fn draw(&mut self, draws: &[Draw]) -> Result<Vec<u32>, EngineError> {
+        self.0.draw(draws)
+    }
+}
+
+/// Drops a sequence's events: only its passes are timed.
+struct Quiet;
+
+impl Listener for Quiet {
+    fn send(&mut self, event: SeqEvent) -> bool {
+        if let SeqEvent::Failed(why) = event {
+            eprintln!("a sequence failed: {why}");
+        }
+        true
+    }
+    fn cancelled(&self) -> bool {
+        false
+    }
+}
+
+/// Runs `slots` requests to their end; returns the decode passes' time and generated tokens.
+fn run<B: Backend>(session: Session<B>, model: &Model, slots: usize) -> (Duration, usize) {
+    let mut sched = Scheduler::new(session, &model.tokenizer).expect("scheduler");
+    let n_vocab = model.config.n_vocab as u32;
+    for s in 0..slots {
+        let prompt = (0..PROMPT as u32)
+            .map(|i| 300 + (i * 7919 + s as u32 * 104_729) % (n_vocab - 300))
+            .collect();
+        let request = SeqRequest {
+            prompt,
+            params: GenerateParams {
+                max_tokens: Some(GENERATED),
+                sampler: SamplerParams {
+                    seed: s as u64,
+                    ..SamplerParams::default()
+                },
+                stop: Vec::new(),
+                ignore_eos: true,
+            },
+            logprobs: None,
+        };
+        sched.submit(request, Box::new(Quiet)).expect("submit");
+    }
+    let (mut time, mut tokens, mut decode_passes) = (Duration::ZERO, 0, 0);
+    while !sched.is_idle() {
+        let t = Instant::now();
+        let stats = sched.step();
+        if stats.prompt_tokens == 0 {
+            // The first captures the pass's graph.
+            decode_passes += 1;
+            if decode_passes > 1 {
+                time += t.elapsed();
+                tokens += stats.decode_tokens;
+            }
+        }
+    }
+    (time, tokens)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut path = None;
+    let mut slots = vec![1usize, 4, 8, 16];
+    let mut rounds = 3usize;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--slots" => {
+                slots = it
+                    .next()
+                    .map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect())
+                    .unwrap_or_default()
+            }
+            "--rounds" => rounds = it.next().and_then(|v| v.parse().ok()).unwrap_or(0),
+            "--bench" => {}
+            p if !p.starts_with('-') => path = Some(p.to_string()),
+            other => {
+                eprintln!("bench-batch: unknown argument {other}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let Some(path) = path else {
+        eprintln!("usage: bench-batch MODEL.gguf [--slots 1,4,8,16] [--rounds 3]");
+        return ExitCode::FAILURE;
+    };
+    if slots.is_empty() || slots.contains(&0) || rounds == 0 {
+        eprintln!("bench-batch: --slots takes positive counts, --rounds a positive number");
+        return ExitCode::FAILURE;
+    }
+    let model = match Model::load(&path) {
+        Ok(m) => Arc::new(m),
+        Err(e) => {
+            eprintln!("bench-batch: {path}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let gpu = match Gpu::open(0) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("bench-batch: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let name = std::path::Path::new(&path)
+        .file_name()
+        .map_or(path.clone(), |n| n.to_string_lossy().into_owned());
+    println!("| {name}, batched decode t/s | device draws | host draws | ratio |");
+    println!("|---|---|---|---|");
+    for &n in &slots {
+        let backend = || {
+            CudaBackend::new(
+                gpu.clone(),
+                model.clone(),
+                CudaOptions {
+                    n_ctx: PROMPT + GENERATED + 16,
+                    n_slots: n,
+                    max_batch: (n * PROMPT).max(64),
+                },
+            )
+            .expect("backend")
+        };
+        let n_vocab = model.config.n_vocab;
+        let (mut device, mut host) = (Vec::new(), Vec::new());
+        // One round of each first: graph capture and kernel loads.
+        run(Session::new(backend(), n_vocab), &model, n);
+        run(Session::new(HostDraws(backend()), n_vocab), &model, n);
+        for _ in 0..rounds {
+            let (t, k) = run(Session::new(backend(), n_vocab), &model, n);
+            device.push(k as f64 / t.as_secs_f64());
+            let (t, k) = run(Session::new(HostDraws(backend()), n_vocab), &model, n);
+            host.push(k as f64 / t.as_secs_f64());
+        }
+        let (d, h) = (median(device), median(host));
+        println!("| {n} sequences | {d:.1} | {h:.1} | {:.2} |", d / h);
+    }
+    ExitCode::SUCCESS
+}
