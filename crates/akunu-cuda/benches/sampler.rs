@@ -1,5 +1,6 @@
 //! Times the GPU sampler on one row of a 262,144-token vocabulary: the argmax, then each
-//! setting on each launch path (as `SampleKernels::sample` picks it, and both forced). A time
+//! setting on each launch path (as `SampleKernels::sample` picks it, and both forced); then the
+//! defaults over 1, 4 and 16 rows of 151,936 logits by the most blocks a row is split over. A time
 //! is the median over rounds of 200 launches queued back to back (the variants of a setting
 //! taking turns), per launch, host clock:
 //! what a decode step pays for its sampler, launch cost included.
@@ -116,6 +117,51 @@ fn run(rounds: usize) -> Result<(), CudaError> {
             ],
         )?;
         println!("| {what} | {:.1} | {:.1} | {:.1} |", t[0], t[1], t[2]);
+    }
+    rows_by_splits(&gpu, rounds)
+}
+
+/// The defaults over several rows of a 151,936-token vocabulary (qwen3's; a batched decode
+/// step draws a row per sequence), each row split over at most 64, 32, 16, 8 or 4 blocks (and
+/// at most one wave's: `SampleKernels` caps a launch at a block per SM).
+fn rows_by_splits(gpu: &Arc<Gpu>, rounds: usize) -> Result<(), CudaError> {
+    const V: usize = 151_936;
+    const CAPS: [usize; 5] = [64, 32, 16, 8, 4];
+    const ROWS: [usize; 3] = [1, 4, 16];
+    let m_max = ROWS[ROWS.len() - 1];
+    let row = logits(V);
+    let mut all = Vec::with_capacity(m_max * V);
+    for _ in 0..m_max {
+        all.extend_from_slice(&row);
+    }
+    let buf = gpu.upload(&all)?;
+    let out = gpu.alloc(m_max * 4)?;
+    let mut st = SamplerState::new(gpu, m_max, 64)?;
+    let p = params(0.8, 40, 0.95, 0.05);
+    for r in 0..m_max {
+        st.set_params(r, &p, &[])?;
+    }
+    let kernels = CAPS
+        .iter()
+        .map(|&c| SampleKernels::new(gpu).map(|k| k.with_max_splits(c)))
+        .collect::<Result<Vec<_>, _>>()?;
+    print!("\n| defaults, rows of {V} logits |");
+    for c in CAPS {
+        print!(" at most {c} |");
+    }
+    println!("\n|---|{}", "---|".repeat(CAPS.len()));
+    for m in ROWS {
+        let (st, logits, out) = (&st, buf.ptr(), out.ptr());
+        let variants: Vec<Launch> = kernels
+            .iter()
+            .map(|k| -> Launch { Box::new(move || k.sample(gpu, logits, m, V, st, out)) })
+            .collect();
+        let t = time(gpu, rounds, &variants)?;
+        print!("| {m} rows |");
+        for us in t {
+            print!(" {us:.1} |");
+        }
+        println!();
     }
     Ok(())
 }

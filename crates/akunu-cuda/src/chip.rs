@@ -95,6 +95,9 @@ pub struct ChipConfig {
     /// 4K–32K (docs/perf/2026-11-23-decode-spread.md). `AKUNU_CHIP_DECODE_SPREAD=0` plans and
     /// packs every block that fits.
     pub decode_spread: bool,
+    /// Most blocks one row of logits is split over by the sampler (1 to 64; fewer where a
+    /// launch's rows would not fit one wave of one block per SM).
+    pub sample_splits: usize,
 }
 
 fn env_override(name: &str, default: usize) -> usize {
@@ -188,6 +191,8 @@ impl ChipConfig {
             gemv_norm_alone: env_override("gemv_norm_alone", sm_count / 2),
             dependent_launch: major >= 9 && env_override("dependent_launch", 1) != 0,
             rope_in_attention_from: env_override("rope_in_attention_from", 0),
+            sample_splits: env_override("sample_splits", crate::sample::MAX_SPLITS)
+                .clamp(1, crate::sample::MAX_SPLITS),
         }
     }
 }

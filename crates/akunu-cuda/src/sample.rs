@@ -40,8 +40,9 @@ pub const MAX_WINDOW: usize = 4096;
 
 /// Threads per block of `sample_f32` (SAMPLE_THREADS in sample.cu).
 const SAMPLE_THREADS: u32 = 512;
-/// Most blocks per row of `sample_f32` (MAX_SPLITS).
-const MAX_SPLITS: usize = 64;
+/// Most blocks per row of `sample_f32` (MAX_SPLITS in sample.cu); fewer where the rows would
+/// not fit one wave.
+pub const MAX_SPLITS: usize = 64;
 /// Fewest logits per block of `sample_f32` worth a block of their own.
 const SAMPLE_SLICE: usize = 2048;
 /// Scratch per row (ROW_SCRATCH in sample.cu): the blocks' partials and top-k lists, the exact
@@ -121,6 +122,8 @@ pub struct SampleKernels {
     exact_hist: Kernel,
     exact_draw: Kernel,
     argmax_scratch: DeviceBuffer,
+    /// Most blocks a row is split over (`ChipConfig::sample_splits`).
+    max_splits: usize,
 }
 
 /// What [`SamplerState::set_rows`] writes into one row.
@@ -186,7 +189,15 @@ impl SampleKernels {
             exact_hist,
             exact_draw,
             argmax_scratch,
+            max_splits: gpu.chip.sample_splits,
         })
+    }
+
+    /// The same kernels splitting a row over at most `n` blocks (1 to 64), for comparing
+    /// splits in one process.
+    pub fn with_max_splits(mut self, n: usize) -> SampleKernels {
+        self.max_splits = n.clamp(1, MAX_SPLITS);
+        self
     }
 
     /// Writes to `out` (`u32[m]`) the index of the largest of each row of `logits`
@@ -365,7 +376,11 @@ impl SampleKernels {
         let states = state.states.at(first * STATE_BYTES);
         let rings = state.rings.at(first * state.window * 4);
         let scratch = state.scratch.at(first * ROW_SCRATCH);
-        let (splits, per_block) = split(n_vocab, SAMPLE_SLICE, MAX_SPLITS);
+        // One wave for all the rows: more blocks than SMs wait for a second wave, which costs
+        // more than fewer, longer slices (defaults, 16 rows of 151,936 logits on an H100:
+        // 67.4 µs at 64 splits a row, 31.2 at 8; docs/perf/2026-11-24-batched-draws.md).
+        let cap = self.max_splits.min((gpu.chip.sm_count / m).max(1));
+        let (splits, per_block) = split(n_vocab, SAMPLE_SLICE, cap);
         // The CPU's tail bound, ln(V) + 17, in the same f32 arithmetic.
         let ln_n17 = (n_vocab as f32).ln() + 17.0;
         let grid = (splits, m as u32, 1);
