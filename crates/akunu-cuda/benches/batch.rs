@@ -5,7 +5,9 @@
 //! logits read back (the same backend behind a wrapper that declines device draws). A time is
 //! the median over rounds of the decode passes' wall time (passes without prompt tokens, less
 //! the first, which captures the pass's graph), host clock, as generated tokens per second over
-//! all sequences.
+//! all sequences, and as µs a pass beside the same passes and draws made straight through the
+//! session (no scheduler: no detokenizing, stop strings or events), which tells the scheduler's
+//! own cost.
 //!
 //!   bench-batch MODEL.gguf [--slots 1,4,8,16] [--rounds 3]
 //!
@@ -18,7 +20,8 @@ use std::time::{Duration, Instant};
 use akunu_core::batch::{Listener, Scheduler, SeqEvent, SeqRequest};
 use akunu_core::generate::GenerateParams;
 use akunu_core::sampling::SamplerParams;
-use akunu_core::{Backend, Batch, Draw, EngineError, Model, Session};
+use akunu_core::session::Logits;
+use akunu_core::{Backend, Batch, Draw, EngineError, Model, Part, Session};
 use akunu_cuda::backend::{CudaBackend, CudaOptions};
 use akunu_cuda::Gpu;
 
@@ -106,6 +109,42 @@ fn run<B: Backend>(session: Session<B>, model: &Model, slots: usize) -> (Duratio
     (time, tokens)
 }
 
+/// The same decode as `run` without the scheduler: `slots` sequences' passes and device draws
+/// straight through the session (each slot's 16-token prompt read first); µs a pass, the first
+/// (graph capture) left out.
+fn session_passes(mut session: Session<CudaBackend>, slots: usize) -> f64 {
+    let params: Vec<SamplerParams> = (0..slots)
+        .map(|s| SamplerParams {
+            seed: s as u64,
+            ..SamplerParams::default()
+        })
+        .collect();
+    for s in 0..slots {
+        let prompt: Vec<u32> = (0..PROMPT as u32).map(|i| 300 + i + s as u32).collect();
+        session.eval(s, &prompt, Logits::None).expect("prompt");
+    }
+    let draws: Vec<Option<&SamplerParams>> = params.iter().map(Some).collect();
+    let mut next: Vec<u32> = vec![300; slots];
+    let mut time = Duration::ZERO;
+    for i in 0..GENERATED {
+        let t = Instant::now();
+        let parts: Vec<Part> = (0..slots)
+            .map(|s| Part {
+                slot: s,
+                tokens: std::slice::from_ref(&next[s]),
+                logits: true,
+            })
+            .collect();
+        let drawn = session.step_drawing(&parts, &draws).expect("pass");
+        let tokens: Vec<u32> = drawn.tokens.iter().map(|t| t.expect("drawn")).collect();
+        next = tokens;
+        if i > 0 {
+            time += t.elapsed();
+        }
+    }
+    time.as_secs_f64() * 1e6 / (GENERATED - 1) as f64
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -159,8 +198,10 @@ fn main() -> ExitCode {
     let name = std::path::Path::new(&path)
         .file_name()
         .map_or(path.clone(), |n| n.to_string_lossy().into_owned());
-    println!("| {name}, batched decode t/s | device draws | host draws | ratio |");
-    println!("|---|---|---|---|");
+    println!(
+        "| {name}, batched decode | device draws, t/s | host draws, t/s | ratio | µs a pass, scheduler | µs a pass, session |"
+    );
+    println!("|---|---|---|---|---|---|");
     for &n in &slots {
         let backend = || {
             CudaBackend::new(
@@ -175,7 +216,7 @@ fn main() -> ExitCode {
             .expect("backend")
         };
         let n_vocab = model.config.n_vocab;
-        let (mut device, mut host) = (Vec::new(), Vec::new());
+        let (mut device, mut host, mut bare) = (Vec::new(), Vec::new(), Vec::new());
         // One round of each first: graph capture and kernel loads.
         run(Session::new(backend(), n_vocab), &model, n);
         run(Session::new(HostDraws(backend()), n_vocab), &model, n);
@@ -184,9 +225,15 @@ fn main() -> ExitCode {
             device.push(k as f64 / t.as_secs_f64());
             let (t, k) = run(Session::new(HostDraws(backend()), n_vocab), &model, n);
             host.push(k as f64 / t.as_secs_f64());
+            bare.push(session_passes(Session::new(backend(), n_vocab), n));
         }
-        let (d, h) = (median(device), median(host));
-        println!("| {n} sequences | {d:.1} | {h:.1} | {:.2} |", d / h);
+        let (d, h, b) = (median(device), median(host), median(bare));
+        // Every sequence gets a token each pass.
+        let pass = 1e6 * n as f64 / d;
+        println!(
+            "| {n} sequences | {d:.1} | {h:.1} | {:.2} | {pass:.0} | {b:.0} |",
+            d / h
+        );
     }
     ExitCode::SUCCESS
 }
