@@ -12,8 +12,10 @@
 //      that are in the penalty window (a device ring buffer), in place, with the CPU's exact
 //      f32 operations; then reduces its slice: raw argmax, largest and smallest usable logit.
 //   2. fast path (0 < top_k <= KMAX, top_k < n): each block selects its slice's top-k and
-//      writes them out; the last block selects the row's top-k from those lists, sorts them,
-//      and cuts top-p / min-p on the sorted list, as the CPU does with a small top-k.
+//      writes them out sorted; the last block merges the lists' heads into the row's sorted
+//      top-k with one warp (or, where a list gives more than its staged head, selects over
+//      the whole lists and sorts), and cuts top-p / min-p on the sorted list, as the CPU does
+//      with a small top-k.
 //   3. exact path (top-k off or large): with `helpers`, sample_exact_hist histograms the row
 //      by logit below the maximum (count and mass per bin, all blocks), which locates the
 //      top-k and top-p cuts to a few bins, and sample_exact_draw draws from the tokens above
@@ -42,8 +44,12 @@
 #define KMAX 128
 // Most blocks per row of the sampler (the scratch holds this many partials and lists).
 #define MAX_SPLITS 64
-// List keys staged per thread in the merge: MAX_SPLITS * KMAX / SAMPLE_THREADS.
+// List keys staged per thread in the threshold search: MAX_SPLITS * KMAX / SAMPLE_THREADS.
 #define LIST_REGS 16
+// Entries of each block's sorted list that the last block stages for its merge (dynamic shared
+// memory of at least MERGE_HEAD * MAX_SPLITS keys, src/sample.rs), and per thread.
+#define MERGE_HEAD 32
+#define HEAD_REGS (MERGE_HEAD * MAX_SPLITS / SAMPLE_THREADS)
 #define NBIN 256
 // Tokens gathered and sorted once a histogram bin is small enough.
 #define CAPC 256
@@ -904,13 +910,72 @@ struct SampleSmem {
     u32 nlist;
     u32 list_min;
     u32 last;
+    u32 merged;  // the last block's merge of the lists' heads sufficed
     float max_raw, max_v, min_v;
     u32 arg;
     u32 token;
 };
 
+// The last block's merge of the blocks' sorted top-k lists: their first MERGE_HEAD entries
+// (`head`, each thread's HEAD_REGS of them, list j's entry e at j * MERGE_HEAD + e) go to
+// `staged`; warp 0 then takes the largest head top_k times (lane l heads lists l and l + 32),
+// keys below `kfloor` left out, into sm.sel.cand[0, sm.sel.ncand) in rank order. False, with
+// nothing taken, where a list would need more than its staged entries: the caller then
+// selects over the whole lists. Every thread of the block calls it and gets the answer; the
+// merged keys are visible to all on return.
+__device__ bool merge_lists(const u64 (&head)[HEAD_REGS], u32 splits, u32 top_k, u64 kfloor,
+                            u64* staged, SampleSmem& sm) {
+    const u32 tid = threadIdx.x, lane = tid % WARP;
+#pragma unroll
+    for (int i = 0; i < HEAD_REGS; i++) {
+        const u32 q = tid + i * SAMPLE_THREADS, j = q / MERGE_HEAD;
+        if (j < splits) staged[q] = q % MERGE_HEAD < sm.list_cnt[j] ? head[i] : 0;
+    }
+    __syncthreads();
+    if (tid < WARP) {
+        const u32 j0 = lane, j1 = lane + WARP;
+        const u32 n0 = j0 < splits ? sm.list_cnt[j0] : 0, n1 = j1 < splits ? sm.list_cnt[j1] : 0;
+        u32 p0 = 0, p1 = 0;
+        u64 h0 = n0 ? staged[j0 * MERGE_HEAD] : 0, h1 = n1 ? staged[j1 * MERGE_HEAD] : 0;
+        // A head past the staged entries of a list that has more is unknown.
+        bool unknown = false, ok = true;
+        u32 taken = 0;
+        for (; taken < top_k; taken++) {
+            if (__any_sync(0xffffffffu, unknown)) {
+                ok = false;
+                break;
+            }
+            // The largest head in two warp reductions: its high word, then the low word
+            // among the heads that share it.
+            const u64 mine = max(h0, h1);
+            const u32 hi = __reduce_max_sync(0xffffffffu, (u32)(mine >> 32));
+            const u32 lo = __reduce_max_sync(0xffffffffu, (u32)(mine >> 32) == hi ? (u32)mine : 0u);
+            const u64 w = ((u64)hi << 32) | lo;
+            if (w < kfloor || w == 0) break;
+            if (lane == 0) sm.sel.cand[taken] = w;
+            // Keys are distinct: one head matches.
+            if (h0 == w) {
+                ++p0;
+                unknown |= p0 == MERGE_HEAD && p0 < n0;
+                h0 = p0 < min(n0, (u32)MERGE_HEAD) ? staged[j0 * MERGE_HEAD + p0] : 0;
+            } else if (h1 == w) {
+                ++p1;
+                unknown |= p1 == MERGE_HEAD && p1 < n1;
+                h1 = p1 < min(n1, (u32)MERGE_HEAD) ? staged[j1 * MERGE_HEAD + p1] : 0;
+            }
+        }
+        if (lane == 0) {
+            sm.sel.ncand = ok ? taken : 0;
+            sm.merged = ok;
+        }
+    }
+    __syncthreads();
+    return sm.merged;
+}
+
 // Grid (splits, m), SAMPLE_THREADS threads, dynamic shared memory of ring_cap u32 (the
-// penalty window's tokens that fall in the block's slice). Block b of row r owns the slice
+// penalty window's tokens that fall in the block's slice), at least MERGE_HEAD * MAX_SPLITS
+// u64 (the last block's merge). Block b of row r owns the slice
 // [b * per_block, (b + 1) * per_block) (per_block a multiple of 4) of row r: it penalises and
 // reduces it, and on the fast path selects its top-k; the last block of the row to finish
 // draws the token, except on the exact path with `helpers`, which sample_exact_hist and
@@ -1017,13 +1082,17 @@ sample_f32(float* logits, u32 n, u32 per_block, float ln_n17, const SampleParams
         const u64 kt = select_threshold<false>(src, (double)top_k, -1.0f, 0.0, mb,
                                                fminf(tail, mb - sm.min_v), mb, sm.sel);
         const RangeSrc<false> kept{x, lo, hi, floor_b, kt, vec};
-        u64* list = lists + b * KMAX;
         kept.each([&](u64 key, float) {
             const u32 slot = atomicAdd(&sm.nlist, 1u);
-            if (slot < KMAX) list[slot] = key;
+            if (slot < KMAX) sm.sel.cand[slot] = key;
             atomicMin(&sm.list_min, (u32)(key >> 32));
         });
         __syncthreads();
+        // Out in rank order, for the last block's merge.
+        const u32 nl = min(sm.nlist, (u32)KMAX);
+        rank_sort(sm.sel.cand, nl);
+        u64* list = lists + b * KMAX;
+        for (u32 i = tid; i < nl; i += SAMPLE_THREADS) list[i] = sm.sel.cand[i];
     }
 
     // Hand the partial over; the last block of the row carries on.
@@ -1047,8 +1116,14 @@ sample_f32(float* logits, u32 n, u32 per_block, float ln_n17, const SampleParams
 
     // 4. The row's summary from the partials (and on the fast path the lists, loaded at the
     // same time).
-    ListRegs lr;
-    if (fast) lr.load(lists, splits);
+    u64 head[HEAD_REGS];
+    if (fast) {
+#pragma unroll
+        for (int i = 0; i < HEAD_REGS; i++) {
+            const u32 q = tid + i * SAMPLE_THREADS, j = q / MERGE_HEAD;
+            head[i] = j < splits ? ldcg_u64(lists + j * KMAX + q % MERGE_HEAD) : 0;
+        }
+    }
     if (warp == 0) row_summary(parts, splits, top_k, sm.sum, sm.list_cnt);
     __syncthreads();
     const float M = sm.sum.M;
@@ -1057,24 +1132,30 @@ sample_f32(float* logits, u32 n, u32 per_block, float ln_n17, const SampleParams
         // Greedy, or nothing to draw from: the first index of the raw maximum (0 if none).
         if (tid == 0) sm.token = sm.sum.arg == 0xffffffffu ? 0 : sm.sum.arg;
     } else if (fast) {
-        // 5a. The row's top-k from the lists, sorted; top-p and min-p cut it in rank order.
-        // A full list's k-th logit bounds the row's k-th from below, so lower entries are out.
+        // 5a. The row's top-k, sorted; top-p and min-p cut it in rank order.
         const Cuts c = cuts_of(P, M, ln_n17);
-        lr.floor = fmaxf(c.floor, sm.sum.t_lo);
-        lr.kmin = 0;
-        lr.mask(sm.list_cnt, splits);
-        const float lowest = fmaxf(lr.floor, sm.sum.list_lo);
-        lr.kmin = select_threshold<false>(lr, (double)top_k, -1.0f, 0.0, M,
-                                          fminf(c.tail, M - lowest), M, sm.sel);
-        if (tid == 0) sm.sel.ncand = 0;
-        __syncthreads();
-        lr.each([&](u64 key, float) {
-            const u32 slot = atomicAdd(&sm.sel.ncand, 1u);
-            if (slot < CAPC) sm.sel.cand[slot] = key;
-        });
-        __syncthreads();
+        if (!merge_lists(head, splits, top_k, make_key(c.floor, ~0u), (u64*)win, sm)) {
+            // A list gave more of the top-k than its staged head: the threshold search over
+            // every list. A full list's k-th logit bounds the row's k-th from below, so lower
+            // entries are out.
+            ListRegs lr;
+            lr.load(lists, splits);
+            lr.floor = fmaxf(c.floor, sm.sum.t_lo);
+            lr.kmin = 0;
+            lr.mask(sm.list_cnt, splits);
+            const float lowest = fmaxf(lr.floor, sm.sum.list_lo);
+            lr.kmin = select_threshold<false>(lr, (double)top_k, -1.0f, 0.0, M,
+                                              fminf(c.tail, M - lowest), M, sm.sel);
+            if (tid == 0) sm.sel.ncand = 0;
+            __syncthreads();
+            lr.each([&](u64 key, float) {
+                const u32 slot = atomicAdd(&sm.sel.ncand, 1u);
+                if (slot < CAPC) sm.sel.cand[slot] = key;
+            });
+            __syncthreads();
+            rank_sort(sm.sel.cand, min(sm.sel.ncand, (u32)KMAX));
+        }
         const u32 s = min(sm.sel.ncand, (u32)KMAX);
-        rank_sort(sm.sel.cand, s);
         const u64* cd = sm.sel.cand;
         // Each candidate's top-p weight and Gumbel score, one thread each.
         if (tid < s) {
