@@ -50,9 +50,11 @@ const SAMPLE_SLICE: usize = 2048;
 /// u64 mass) and its gathered tokens (CAPG = 4096 keys).
 const ROW_SCRATCH: usize =
     MAX_SPLITS * 32 + MAX_SPLITS * FAST_TOP_K * 8 + 64 + MAX_SPLITS * 8 + 512 * 12 + 4096 * 8;
+/// Entries of each block's sorted top-k list the last block stages (MERGE_HEAD in sample.cu).
+const MERGE_HEAD: usize = 32;
 /// Dynamic shared memory `sample_f32` needs besides the penalty window: the last block's
-/// staged list heads (MERGE_HEAD * MAX_SPLITS keys).
-const MERGE_SMEM: usize = 32 * MAX_SPLITS * 8;
+/// staged list heads.
+const MERGE_SMEM: usize = MERGE_HEAD * MAX_SPLITS * 8;
 /// Dynamic shared memory of `sample_exact_draw`: the gathered tokens (CAPG keys).
 const EXACT_DRAW_SMEM: u32 = 4096 * 8;
 
