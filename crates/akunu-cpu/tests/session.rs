@@ -12,7 +12,7 @@ use std::sync::Arc;
 use akunu_core::generate::{generate, GenerateOutput, GenerateParams, StopReason};
 use akunu_core::sampling::SamplerParams;
 use akunu_core::session::Logits;
-use akunu_core::{Backend, Batch, EngineError, Model, Session};
+use akunu_core::{Backend, Batch, EngineError, Model, Part, Session};
 use akunu_cpu::{CpuBackend, CpuOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -299,6 +299,59 @@ fn decode_many_refuses_bad_steps_without_changing_any_slot() {
         s.decode_many(&[(2, 302), (0, 303)]).unwrap().len(),
         2 * n_vocab as usize
     );
+}
+
+/// A step whose draws do not match its parts, or ask for a device draw of a backend without
+/// one, is refused before any work; with every token left to the caller it gives `step`'s
+/// logits.
+#[test]
+fn step_drawing_refuses_draws_it_cannot_make() {
+    let Some(model) = tiny("llama") else { return };
+    let mut s = session(&model, 16, 2, 4, 2);
+    let mut reference = session(&model, 16, 2, 4, 2);
+    for sess in [&mut s, &mut reference] {
+        sess.eval(0, &[300, 301], Logits::None).unwrap();
+        sess.eval(1, &[302], Logits::None).unwrap();
+    }
+    let parts = |a: &'static [u32], b: &'static [u32]| {
+        [
+            Part {
+                slot: 0,
+                tokens: a,
+                logits: true,
+            },
+            Part {
+                slot: 1,
+                tokens: b,
+                logits: false,
+            },
+        ]
+    };
+    let params = SamplerParams::default();
+    let before: Vec<Vec<u32>> = (0..2).map(|i| s.tokens(i).to_vec()).collect();
+    for (draws, what) in [
+        (&[][..], "no draw for the part asking for logits"),
+        (&[None, None][..], "a draw for a part asking for none"),
+        (&[Some(&params)][..], "a device draw on the CPU"),
+    ] {
+        let err = s
+            .step_drawing(&parts(&[303], &[304]), draws)
+            .expect_err(what);
+        assert!(matches!(err, EngineError::BadBatch(_)), "{what}: {err}");
+        for (i, b) in before.iter().enumerate() {
+            assert_eq!(s.tokens(i), &b[..], "{what}: slot {i} changed");
+        }
+    }
+    let drawn = s.step_drawing(&parts(&[303], &[304]), &[None]).unwrap();
+    assert_eq!(drawn.tokens, vec![None]);
+    let logits = drawn.logits.to_vec();
+    assert_eq!(
+        logits,
+        reference.step(&parts(&[303], &[304])).unwrap().to_vec()
+    );
+    assert_eq!(s.tokens(0), &[300, 301, 303]);
+    assert!(s.eval_drawn(0, &[305], &params).is_none());
+    assert_eq!(s.tokens(0), &[300, 301, 303]);
 }
 
 fn argmax(row: &[f32]) -> u32 {
