@@ -351,14 +351,12 @@ impl Problem {
         let host = Host::random(sh, dtype);
         let q_pos: Vec<u32> = (0..n).map(|t| (sh.kv - sh.s + t % sh.s) as u32).collect();
         let q_seq: Vec<u32> = (0..n).map(|t| (t / sh.s) as u32).collect();
-        let kv_len = vec![sh.kv as u32; sh.b];
         let bufs = [
             gpu.upload(&host.q)?,
             gpu.upload(&host.k)?,
             gpu.upload(&host.v)?,
             gpu.upload(&q_pos)?,
             gpu.upload(&q_seq)?,
-            gpu.upload(&kv_len)?,
         ];
         let out = gpu.alloc(n * sh.h * d * ELEM_BYTES)?;
         let kv_stride = [sh.hkv * sh.kv * d, sh.kv * d, d];
@@ -377,7 +375,9 @@ impl Problem {
             out_stride: [sh.h * d, d],
             q_pos: bufs[3].ptr(),
             q_seq: bufs[4].ptr(),
-            kv_len: bufs[5].ptr(),
+            // Every sequence holds n_ctx keys, so no lengths (kv_len 0), as the engine's decode
+            // passes none: the kernel then reads no length behind the token's sequence.
+            kv_len: 0,
             causal: sh.causal,
             scale: host.scale,
             ..FlashArgs::default()
