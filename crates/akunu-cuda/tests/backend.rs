@@ -508,7 +508,7 @@ fn batched_draws_on_the_device_follow_the_cpu_sampler() {
 /// A seed draws the same tokens through the scheduler's draws after each pass as through
 /// `generate`'s (the token after the prompt drawn after the prompt's pass, then sampled
 /// chains): a draw is numbered by the drawn token's position either way. The fast path and
-/// the exact path's launches.
+/// the exact path's launches. `generate` runs no pass for its last token.
 #[test]
 fn a_seed_draws_the_same_tokens_in_the_scheduler_and_in_chains() {
     let Some(g) = common::gpu() else { return };
@@ -527,6 +527,8 @@ fn a_seed_draws_the_same_tokens_in_the_scheduler_and_in_chains() {
             };
             let out = generate(&mut d, 0, &model.tokenizer, &p, &params, |_| true).unwrap();
             assert_eq!(alone[0], out.tokens, "{name} {what}");
+            // The cache holds every token handed out but the last, which no pass has read.
+            assert_eq!(d.tokens(0).len(), p.len() + 23, "{name} {what}");
         }
     }
 }
