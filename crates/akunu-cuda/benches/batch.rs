@@ -21,7 +21,7 @@ use akunu_core::batch::{Listener, Scheduler, SeqEvent, SeqRequest};
 use akunu_core::generate::GenerateParams;
 use akunu_core::sampling::SamplerParams;
 use akunu_core::session::Logits;
-use akunu_core::{Backend, Batch, Draw, EngineError, Model, Part, Session};
+use akunu_core::{Backend, Batch, EngineError, Model, Part, Session};
 use akunu_cuda::backend::{CudaBackend, CudaOptions};
 use akunu_cuda::Gpu;
 
@@ -49,9 +49,6 @@ impl Backend for HostDraws {
     }
     fn logits(&mut self) -> Result<&[f32], EngineError> {
         self.0.logits()
-    }
-    fn draw(&mut self, draws: &[Draw]) -> Result<Vec<u32>, EngineError> {
-        self.0.draw(draws)
     }
 }
 
