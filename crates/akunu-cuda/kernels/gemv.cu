@@ -3,6 +3,8 @@
 // Compiled without QTYPE: only the activation quantizer, shared by every weight type.
 // Compiled with -DQTYPE=<ggml type code>: the products for that weight type.
 //
+// Q4_0 batches of 5 to 16 tokens run on tensor cores instead (gemv_mma_*, the last section).
+//
 // Quantized weights meet activations quantized to int8 per 32 values (d = amax/127, plus the
 // level sums d·Σq per 16 and per 32 that the offset and min terms need), multiplied four
 // values per __dp4a with int32 sums inside a sub-block and f32 across them. Float weights
@@ -1280,5 +1282,288 @@ GEMV_ENTRIES(2, 2, 2, 2, 1, )
 GEMV_ENTRIES(4, 4, 1, 2, 1, )
 GEMV_ENTRIES(8, 4, 1, 1, 1, )
 GEMV_ENTRIES(16, 2, 1, 1, 1, )
+
+#if QTYPE == GGML_Q4_0 && __CUDA_ARCH__ >= 800
+// Batched products on tensor cores (m = 2..16 tokens, rows of a multiple of 128 values; the
+// int8 mma needs sm_80).
+//
+// The products above do an int8 dot per token and row and load each token's activations again
+// for every weight chunk, so a 16-token product costs several times a 1-token one although both
+// read the same weights. Here a warp multiplies 16 weight rows by 8 tokens with
+// mma.sync.m16n8k32 (int8 in, int32 out), one ggml block (32 values) per k-step:
+// - A (16 rows x 32 values): thread (g, t) holds word t of the block in rows g and g + 8; its
+//   low nibbles are values 4t..4t+3 (a0, a1), its high nibbles values 16+4t.. (a2, a3), taken
+//   unsigned (0..15).
+// - B (32 values x 8 tokens): words t and 4 + t of token g's int8 group (actq.cuh).
+// - C holds each (row, token)'s exact sum of nibble · level over the block (|sum| ≤ 60,960),
+//   which becomes f32 as in the dp4a products: y += d_w · (d_a · C − 8 · d_a·Σq). The mma
+//   adds the sum to the bits of ACT_RAW_ZERO (1.5 · 2^23), which makes them the float
+//   1.5 · 2^23 + sum, so one subtraction converts it exactly, where the conversion unit runs
+//   at a quarter of the FP32 rate.
+// A lane loads 16 bytes of a row at a time (block 4j + t of a quad's row) and a transpose inside
+// the quad hands each lane word t of the four blocks. A block's 8 warps share its rows (MT
+// tiles of 16; in the gated product the gate's and the up matrix's 16 rows) and take every
+// 8th group of four blocks along the row; their sums meet in shared memory, where the block's
+// threads add them up and store.
+#define MMA_WARPS 8
+#define MMA_BLOCKS 4  // ggml blocks per lane load (16 bytes of a row)
+
+// c = the bits of ACT_RAW_ZERO + A·B (see above), as floats.
+__device__ __forceinline__ void mma_s8(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    u32 r[4];
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%10, %10, %10, %10};"
+        : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(ACT_RAW_ZERO));
+#pragma unroll
+    for (int i = 0; i < 4; i++) c[i] = __uint_as_float(r[i]);
+}
+#define MMA_RAW_ZERO 12582912.0f  // ACT_RAW_ZERO as a float
+
+// Lane t of each quad holds words 0..3 of block t; afterwards v[j] is word t of block j. Two
+// butterfly stages (partners t ^ 1, then t ^ 2), each swapping half of the words.
+__device__ __forceinline__ void quad_transpose(u32 (&v)[4], int t) {
+    const bool odd = t & 1, upper = t & 2;
+#pragma unroll
+    for (int k = 0; k < 4; k += 2) {
+        const u32 y = __shfl_xor_sync(FULL_MASK, odd ? v[k] : v[k + 1], 1);
+        if (odd) {
+            v[k] = y;
+        } else {
+            v[k + 1] = y;
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const u32 y = __shfl_xor_sync(FULL_MASK, upper ? v[k] : v[k + 2], 2);
+        if (upper) {
+            v[k] = y;
+        } else {
+            v[k + 2] = y;
+        }
+    }
+}
+
+// One row's next four blocks: as a lane loads them, q[i] is word i of block 4j + t, and after
+// quad_transpose word t of block 4j + i; d holds the four blocks' f16 scales.
+struct MmaRow {
+    u32 q[4];
+    uint2 d;
+};
+
+// The f16 scale of block j (0..3) of four packed in d.
+__device__ __forceinline__ float scale_of(uint2 d, int j) {
+    return f16_to_f32((u16)(((j < 2 ? d.x : d.y) >> (16 * (j & 1))) & 0xFFFFu));
+}
+
+// The sums of a block's rows: tile mt is rows row0[mt] + 0..15 of mat[mt] (rows past the
+// matrix read its last row), times NT tiles of 8 tokens (tokens past m read token m − 1).
+// acc[mt][nt] is this warp's share of the C fragment (c0 c1: row g, tokens 2t, 2t + 1; c2 c3:
+// row g + 8), over its groups of four blocks; returns the input's norm_scale.
+template <int NT, int MT>
+__device__ __forceinline__ float mma_tiles(const QMatrix (&mat)[MT], const int (&row0)[MT],
+                                           const Acts& x, int m, int early,
+                                           float (&acc)[MT][NT][4]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int nblk = x.cols / QK, groups = nblk / MMA_BLOCKS;
+    // Offsets from the matrices and the activations, 32-bit to save registers (a matrix has
+    // fewer than 2^32 blocks): the first block of each of the lane's rows, the first level of its
+    // tokens of B and the first group of its tokens of C.
+    u32 rblk[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            rblk[mt][h] = (u32)min(row0[mt] + g + 8 * h, mat[mt].rows - 1) * nblk;
+        }
+    }
+    u32 xq[NT], xs[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        xq[nt] = (u32)min(8 * nt + g, m - 1) * x.cols + 4 * t;
+#pragma unroll
+        for (int i = 0; i < 2; i++) xs[nt][i] = (u32)min(8 * nt + 2 * t + i, m - 1) * nblk;
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.0f;
+        }
+    }
+    MmaRow cur[MT][2], next[MT][2];
+    auto load = [&](MmaRow(&r)[MT][2], int grp) {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const u32 blk = rblk[mt][h] + grp * MMA_BLOCKS;
+                const uint4 q = ld_weights(mat[mt].data + (size_t)(blk + t) * QB);
+                r[mt][h].q[0] = q.x;
+                r[mt][h].q[1] = q.y;
+                r[mt][h].q[2] = q.z;
+                r[mt][h].q[3] = q.w;
+                r[mt][h].d = ld_aux((const uint2*)((const u16*)mat[mt].aux + blk));
+            }
+        }
+    };
+    start_product(early, [&] {
+        if (warp < groups) load(cur, warp);
+    });
+    const float scale = norm_scale(x);
+    for (int grp = warp; grp < groups; grp += MMA_WARPS) {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) quad_transpose(cur[mt][h].q, t);
+        }
+        if (grp + MMA_WARPS < groups) load(next, grp + MMA_WARPS);
+#pragma unroll
+        for (int j = 0; j < MMA_BLOCKS; j++) {
+            const int blk = grp * MMA_BLOCKS + j;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const i8* b = x.q + xq[nt] + blk * QK;
+                const u32 b0 = __ldg((const u32*)b), b1 = __ldg((const u32*)(b + 16));
+                const float2 s0 = __ldg((const float2*)(x.s + xs[nt][0] + blk));
+                const float2 s1 = __ldg((const float2*)(x.s + xs[nt][1] + blk));
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    const u32 lo = cur[mt][0].q[j], hi = cur[mt][1].q[j];
+                    const u32 a[4] = {lo & 0x0F0F0F0Fu, hi & 0x0F0F0F0Fu, (lo >> 4) & 0x0F0F0F0Fu,
+                                      (hi >> 4) & 0x0F0F0F0Fu};
+                    float c[4];
+                    mma_s8(c, a, b0, b1);
+                    const float d0 = scale_of(cur[mt][0].d, j), d1 = scale_of(cur[mt][1].d, j);
+                    acc[mt][nt][0] += d0 * (s0.x * (c[0] - MMA_RAW_ZERO) - 8.0f * s0.y);
+                    acc[mt][nt][1] += d0 * (s1.x * (c[1] - MMA_RAW_ZERO) - 8.0f * s1.y);
+                    acc[mt][nt][2] += d1 * (s0.x * (c[2] - MMA_RAW_ZERO) - 8.0f * s0.y);
+                    acc[mt][nt][3] += d1 * (s1.x * (c[3] - MMA_RAW_ZERO) - 8.0f * s1.y);
+                }
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) cur[mt][h] = next[mt][h];
+        }
+    }
+    return scale;
+}
+
+// Leaves each warp's fragments in red[warp][e][lane], e = (mt · NT + nt) · 4 + i, and waits for
+// the block's other warps to do the same.
+template <int NT, int MT>
+__device__ __forceinline__ void mma_gather(const float (&acc)[MT][NT][4],
+                                           float (&red)[MMA_WARPS][MT * NT * 4][32]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) red[warp][(mt * NT + nt) * 4 + i][lane] = acc[mt][nt][i];
+        }
+    }
+    __syncthreads();
+}
+
+// The (row in the block's tiles, token) of fragment value e = (mt · NT + nt) · 4 + i of lane l.
+template <int NT>
+__device__ __forceinline__ int2 mma_coords(int e, int l) {
+    const int i = e & 3, nt = (e >> 2) % NT, mt = (e >> 2) / NT;
+    return make_int2(16 * mt + (l >> 2) + 8 * (i >> 1), 8 * nt + 2 * (l & 3) + (i & 1));
+}
+
+// Plain product (modes as gemv_plain): block b of its part owns rows 16·MT·b.. of it.
+template <int NT, int MT>
+__device__ __forceinline__ void gemv_mma_plain(const GemvParams& P) {
+    const GemvPart& p = part_of(P, blockIdx.x);
+    const int row0 = ((int)blockIdx.x - p.first_block) * 16 * MT;
+    QMatrix mats[MT];
+    int rows[MT];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        mats[mt] = {p.data, p.aux, p.rows, P.cols};
+        rows[mt] = row0 + 16 * mt;
+    }
+    float acc[MT][NT][4];
+    const float scale = mma_tiles<NT, MT>(mats, rows, acts_of(P), P.m, P.early, acc);
+    constexpr int E = MT * NT * 4;
+    __shared__ float red[MMA_WARPS][E][32];
+    mma_gather<NT, MT>(acc, red);
+    for (int o = threadIdx.x; o < E * 32; o += blockDim.x) {
+        const int e = o >> 5, l = o & 31;
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < MMA_WARPS; k++) s += red[k][e][l];
+        const int2 rt = mma_coords<NT>(e, l);
+        const int row = row0 + rt.x;
+        if (rt.y < P.m && row < p.rows) {
+            float* out = p.y + (size_t)rt.y * p.y_stride + row;
+            s *= scale;
+            if (P.mode == 0) {
+                *out = s + (p.bias ? p.bias[row] : 0.0f);
+            } else {
+                *out = activate(P.mode - 1, *out) * s;
+            }
+        }
+    }
+}
+
+// Gated product: block b owns output rows 16b.., tile 0 the gate's rows and tile 1 the up
+// matrix's.
+template <int NT>
+__device__ __forceinline__ void gemv_mma_gated(const QMatrix& gate, const QMatrix& up,
+                                               const Acts& x, int m, float* __restrict__ y,
+                                               int y_stride, int act, int early) {
+    const int row0 = blockIdx.x * 16;
+    const QMatrix mats[2] = {gate, up};
+    const int rows[2] = {row0, row0};
+    float acc[2][NT][4];
+    const float scale = mma_tiles<NT, 2>(mats, rows, x, m, early, acc);
+    constexpr int E = 2 * NT * 4;
+    __shared__ float red[MMA_WARPS][E][32];
+    mma_gather<NT, 2>(acc, red);
+    for (int o = threadIdx.x; o < E / 2 * 32; o += blockDim.x) {
+        const int e = o >> 5, l = o & 31;
+        float sg = 0.0f, su = 0.0f;
+#pragma unroll
+        for (int k = 0; k < MMA_WARPS; k++) {
+            sg += red[k][e][l];
+            su += red[k][e + E / 2][l];
+        }
+        const int2 rt = mma_coords<NT>(e, l);
+        const int row = row0 + rt.x;
+        if (rt.y < m && row < gate.rows) {
+            y[(size_t)rt.y * y_stride + row] = activate(act, sg * scale) * (su * scale);
+        }
+    }
+}
+
+#define MMA_ENTRIES(NT)                                                                          \
+    extern "C" __global__ void __launch_bounds__(256, 2)                                         \
+        gemv_mma_n##NT##_r16(const GemvParams P) {                                               \
+        gemv_mma_plain<NT, 1>(P);                                                                \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(256, 2)                                         \
+        gemv_mma_n##NT##_r32(const GemvParams P) {                                               \
+        gemv_mma_plain<NT, 2>(P);                                                                \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(256, 2) gemv_gated_mma_n##NT(                   \
+        const u8* __restrict__ data, const u8* __restrict__ aux, int rows, int cols,            \
+        const u8* __restrict__ data2, const u8* __restrict__ aux2, const i8* __restrict__ aq,   \
+        const float4* __restrict__ as, const float* __restrict__ xf, int x_stride, int m,       \
+        float* __restrict__ y, int y_stride, int act, int ksplit, int early,                     \
+        const float* __restrict__ ssq, float eps) {                                              \
+        const Acts x = {aq, as, xf, cols, x_stride, ssq, eps};                                   \
+        gemv_mma_gated<NT>({data, aux, rows, cols}, {data2, aux2, rows, cols}, x, m, y, y_stride, \
+                           act, early);                                                          \
+    }
+MMA_ENTRIES(1)
+MMA_ENTRIES(2)
+#endif
 
 #endif

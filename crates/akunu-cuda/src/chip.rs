@@ -47,6 +47,13 @@ pub struct ChipConfig {
     pub gemv_waves: usize,
     /// Largest batch served by the GEMV kernels; larger batches use the tiled GEMM.
     pub gemv_max_m: usize,
+    /// Smallest batch whose products run on tensor cores (`gemv_mma_*` in `kernels/gemv.cu`,
+    /// Q4_0 rows of a multiple of 128 values, compute capability 8.0 and later); 0: never.
+    /// Default 5: from 5 to 16 tokens they measured 1.2–2.1x faster than the `dp4a` products,
+    /// at 4 no faster on large matrices (docs/perf/2026-11-24-batched-products-mma.md).
+    pub gemv_mma_from: usize,
+    /// Weight rows per block of those products: 16 or 32.
+    pub gemv_mma_rows: usize,
     /// Single-token decode folds each block's residual add and the next RMSNorm into the
     /// output projection before it (`matmul::gemv_residual_norm`), where the block has no
     /// post-norm: no norm launches between blocks. The value is the most blocks (a thread
@@ -185,6 +192,12 @@ impl ChipConfig {
             gemv_waves: env_override("gemv_waves", 1),
             gemv_max_m: env_override("gemv_max_m", crate::matmul::MAX_M)
                 .clamp(1, crate::matmul::MAX_M),
+            gemv_mma_from: env_override("gemv_mma_from", 5),
+            gemv_mma_rows: if env_override("gemv_mma_rows", 32) <= 16 {
+                16
+            } else {
+                32
+            },
             gemv_norm: env_override("gemv_norm", 2).min(if major >= 9 { 4 } else { 1 }),
             gemv_norm_split_bytes: env_override("gemv_norm_split_bytes", 2 << 20),
             gemv_norm_quant: env_override("gemv_norm_quant", 16384),

@@ -18,7 +18,10 @@
 //!   their sums, so decode launches no norm between blocks.
 //! - [`gemv`] multiplies with `__dp4a` (four int8 products per instruction) so that one weight
 //!   read serves all m tokens at the speed of memory; F32, F16 and BF16 weights use the f32
-//!   inputs. [`gemv_many`] runs up to three products of one input (q, k and v) in one launch,
+//!   inputs. Batches of 5 to 16 tokens over Q4_0 rows (a multiple of 128 values) run on
+//!   tensor cores instead (`mma.sync` int8, one ggml block per k-step, the chip config's
+//!   `gemv_mma_from`), where the `dp4a` products are bound by their dot products and repeated
+//!   activation loads. [`gemv_many`] runs up to three products of one input (q, k and v) in one launch,
 //!   so the small ones do not each pay a launch and a ramp. [`gemv_gated`] computes
 //!   `act(gate·x) * (up·x)` in one launch. [`embed`] gathers dequantized rows;
 //!   [`embed_norm`] also applies the first RMSNorm and writes its int8 form, so a pass starts
@@ -325,7 +328,29 @@ struct TypeKernels {
     embed: Kernel,
     /// The lookup with the first RMSNorm ([`embed_norm`]).
     embed_norm: Kernel,
+    /// The batched products on tensor cores, for the types that have them ([`has_mma`]).
+    mma: Option<MmaKernels>,
 }
+
+/// `gemv_mma_n{1,2}_r{16,32}` (`plain[tiles of 8 tokens - 1][tiles of 16 rows - 1]`) and
+/// `gemv_gated_mma_n{1,2}`.
+struct MmaKernels {
+    plain: [[Kernel; 2]; 2],
+    gated: [Kernel; 2],
+}
+
+/// Whether products of type `ty` have tensor-core kernels for batches on a device of compute
+/// capability `cc` (`kernels/gemv.cu`: the int8 `mma.sync` needs 8.0).
+fn has_mma(ty: GgmlType, cc: (i32, i32)) -> bool {
+    ty == GgmlType::Q4_0 && cc.0 >= 8
+}
+
+/// Values per step of a warp in the tensor-core products: four 32-value blocks, 16 bytes of a
+/// Q4_0 row. Rows must be a multiple of it.
+const MMA_COLS: usize = 128;
+
+/// Warps per block of the tensor-core products (`MMA_WARPS` in `kernels/gemv.cu`).
+const MMA_WARPS: usize = 8;
 
 /// The compiled kernels for a set of weight types.
 pub struct MatmulKernels {
@@ -348,6 +373,10 @@ pub struct MatmulKernels {
     release_narrow: bool,
     /// The largest grid of the streamed single-token products.
     cap: GridCap,
+    /// The smallest batch that takes the tensor-core products (0: none), and their weight rows
+    /// per block (16 or 32).
+    mma_from: usize,
+    mma_rows: usize,
 }
 
 /// How many blocks a single-token product with unsplit rows launches at most; its warps then
@@ -410,6 +439,21 @@ impl MatmulKernels {
                 norm_split_q: norm_kernel("gemv_m1_norm_split_q", chip.gemv_norm > 1 && quant_in)?,
                 embed,
                 embed_norm,
+                mma: has_mma(ty, chip.compute_capability)
+                    .then(|| -> Result<MmaKernels, CudaError> {
+                        let k = |name: String| gpu.kernel("gemv.cu", &name, &defines);
+                        Ok(MmaKernels {
+                            plain: [
+                                [k("gemv_mma_n1_r16".into())?, k("gemv_mma_n1_r32".into())?],
+                                [k("gemv_mma_n2_r16".into())?, k("gemv_mma_n2_r32".into())?],
+                            ],
+                            gated: [
+                                k("gemv_gated_mma_n1".into())?,
+                                k("gemv_gated_mma_n2".into())?,
+                            ],
+                        })
+                    })
+                    .transpose()?,
             });
         }
         let quantize = if out.iter().any(|k| k.ty.is_quantized()) {
@@ -427,6 +471,8 @@ impl MatmulKernels {
             early: gpu.chip.gemv_early_loads,
             release_narrow: gpu.chip.gemv_narrow_release,
             cap: GridCap::Waves(gpu.chip.gemv_waves),
+            mma_from: gpu.chip.gemv_mma_from,
+            mma_rows: gpu.chip.gemv_mma_rows,
         };
         let fill = gpu.chip.sm_count * gpu.chip.gemv_fill_warps;
         let mut kernels = kernels.with_split(gpu.chip.gemv_warps, fill);
@@ -464,6 +510,22 @@ impl MatmulKernels {
     /// (docs/perf/2026-11-24-early-release.md).
     fn start(&self, ty: GgmlType, m: usize, cols: usize) -> i32 {
         start_mode(self.early, self.release_narrow && narrow(ty, m, cols))
+    }
+
+    /// The same kernels with batches of at least `from` tokens (0: none) on the tensor-core
+    /// products, `rows` (16 or 32) weight rows to a block.
+    pub fn with_mma(mut self, from: usize, rows: usize) -> MatmulKernels {
+        self.mma_from = from;
+        self.mma_rows = if rows <= 16 { 16 } else { 32 };
+        self
+    }
+
+    /// The tensor-core products of a batch of `m` over `cols`-wide rows of `tk`'s type, where
+    /// they apply.
+    fn mma_for<'a>(&self, tk: &'a TypeKernels, m: usize, cols: usize) -> Option<&'a MmaKernels> {
+        tk.mma
+            .as_ref()
+            .filter(|_| self.mma_from > 0 && m >= self.mma_from && cols.is_multiple_of(MMA_COLS))
     }
 
     /// The same kernels with the streamed products' grid capped at `cap`.
@@ -1041,8 +1103,15 @@ fn launch_gemv(
         params.part[i] = GemvPart::of(p);
         groups += p.w.rows.div_ceil(nr);
     }
-    let ks = ksplit(ty, M_VARIANTS[v], groups, cols, warps, k.fill_warps);
-    let rows_per_block = warps / ks * nr;
+    let mma = k.mma_for(tk, m, cols);
+    let ks = match mma {
+        Some(_) => 1,
+        None => ksplit(ty, M_VARIANTS[v], groups, cols, warps, k.fill_warps),
+    };
+    let rows_per_block = match mma {
+        Some(_) => k.mma_rows,
+        None => warps / ks * nr,
+    };
     let mut blocks = 0;
     for (part, p) in params.part.iter_mut().zip(parts) {
         part.first_block = blocks as i32;
@@ -1055,6 +1124,16 @@ fn launch_gemv(
     params.parts = parts.len() as i32;
     params.early = k.start(ty, M_VARIANTS[v], cols);
     params.blocks = blocks as i32;
+    if let Some(mk) = mma {
+        let kernel = &mk.plain[m.div_ceil(8) - 1][k.mma_rows / 16 - 1];
+        return gpu.launch_with(
+            kernel,
+            (blocks as u32, 1, 1),
+            (32 * MMA_WARPS as u32, 1, 1),
+            0,
+            &params,
+        );
+    }
     let (kernel, grid) = k.launch_shape(
         gpu,
         (&tk.gemv_split, &tk.gemv, tk.gemv_stream.as_ref()),
@@ -1357,24 +1436,35 @@ pub fn gemv_gated(
     let v = variant(m);
     let [data, aux, rows, cols] = w_gate.args();
     let [data2, aux2, _, _] = w_up.args();
-    let warps = k.block_warps(w_gate.ty, M_VARIANTS[v], w_gate.cols) as usize;
-    let ks = ksplit(
-        w_gate.ty,
-        M_VARIANTS[v],
-        w_gate.rows,
-        w_gate.cols,
-        warps,
-        k.fill_warps,
-    );
-    let blocks = w_gate.rows.div_ceil(warps / ks);
-    let (kernel, grid) = k.launch_shape(
-        gpu,
-        (&tk.gated_split, &tk.gated, None),
-        v,
-        ks,
-        blocks,
-        warps as u32,
-    )?;
+    let (kernel, grid, warps, ks) = match k.mma_for(tk, m, w_gate.cols) {
+        Some(mk) => (
+            &mk.gated[m.div_ceil(8) - 1],
+            w_gate.rows.div_ceil(16),
+            MMA_WARPS,
+            1,
+        ),
+        None => {
+            let warps = k.block_warps(w_gate.ty, M_VARIANTS[v], w_gate.cols) as usize;
+            let ks = ksplit(
+                w_gate.ty,
+                M_VARIANTS[v],
+                w_gate.rows,
+                w_gate.cols,
+                warps,
+                k.fill_warps,
+            );
+            let blocks = w_gate.rows.div_ceil(warps / ks);
+            let (kernel, grid) = k.launch_shape(
+                gpu,
+                (&tk.gated_split, &tk.gated, None),
+                v,
+                ks,
+                blocks,
+                warps as u32,
+            )?;
+            (kernel, grid, warps, ks)
+        }
+    };
     gpu.launch(
         kernel,
         (grid as u32, 1, 1),

@@ -363,10 +363,17 @@ fn products_of_one_launch_match_reference() {
 
 /// The kernels as the chip config launches them; with rows' columns never split, on one
 /// block per row group and on a grid of 3 blocks (so each warp walks several row groups and
-/// the last round is partial); and split over as many of 8 warps as the row length allows.
+/// the last round is partial); split over as many of 8 warps as the row length allows; and
+/// batches on the int8 dot products instead of tensor cores, or on tensor cores with 16 rows
+/// a block.
 fn split_configs(gpu: &Arc<Gpu>) -> Vec<(MatmulKernels, &'static str)> {
     vec![
         (kernels(gpu), "default blocks"),
+        (kernels(gpu).with_mma(0, 32), "batches without tensor cores"),
+        (
+            kernels(gpu).with_mma(2, 16),
+            "batches on tensor cores, 16 rows a block",
+        ),
         (
             kernels(gpu)
                 .with_split(4, 0)
@@ -1306,6 +1313,14 @@ fn gemv_bandwidth() {
                 .unwrap()
                 .with_split(8, fill),
         ),
+        (
+            "dp4a",
+            MatmulKernels::new(&gpu, &types).unwrap().with_mma(0, 32),
+        ),
+        (
+            "mma r16",
+            MatmulKernels::new(&gpu, &types).unwrap().with_mma(2, 16),
+        ),
     ];
     // 8B q/o, k/v, down and a gate-sized matrix; the 0.6B q and down; the vocabularies of
     // qwen3-0.6b, llama3.2-1b and llama3.1-8b.
@@ -1332,7 +1347,14 @@ fn gemv_bandwidth() {
             let x = gpu.upload(&random(16 * cols, 1.0, 3)).unwrap();
             let y = gpu.alloc(16 * rows * 4).unwrap();
             let mut acts = ActScratch::new(&gpu, 16, cols).unwrap();
-            for (m, gated) in [(1, false), (1, true), (4, false), (16, false)] {
+            for (m, gated) in [
+                (1, false),
+                (1, true),
+                (4, false),
+                (8, false),
+                (16, false),
+                (16, true),
+            ] {
                 let what = if gated { "gated" } else { "" };
                 let mut line = format!("{ty:>6} {rows:>6}x{cols:<6} m={m:<2} {what:5}");
                 acts.prepare(&gpu, &k, x.ptr(), cols, m, cols).unwrap();
