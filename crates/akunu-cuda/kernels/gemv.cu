@@ -3,7 +3,8 @@
 // Compiled without QTYPE: only the activation quantizer, shared by every weight type.
 // Compiled with -DQTYPE=<ggml type code>: the products for that weight type.
 //
-// Q4_0 batches of 5 to 16 tokens run on tensor cores instead (gemv_mma_*, the last section).
+// Q4_0 and Q4_K batches of 5 to 16 tokens run on tensor cores instead (gemv_mma_*, the last
+// section).
 //
 // Quantized weights meet activations quantized to int8 per 32 values (d = amax/127, plus the
 // level sums d·Σq per 16 and per 32 that the offset and min terms need), multiplied four
@@ -1283,30 +1284,30 @@ GEMV_ENTRIES(4, 4, 1, 2, 1, )
 GEMV_ENTRIES(8, 4, 1, 1, 1, )
 GEMV_ENTRIES(16, 2, 1, 1, 1, )
 
-#if QTYPE == GGML_Q4_0 && __CUDA_ARCH__ >= 800
-// Batched products on tensor cores (m = 2..16 tokens, rows of a multiple of 128 values; the
-// int8 mma needs sm_80).
+#if (QTYPE == GGML_Q4_0 || QTYPE == GGML_Q4_K) && __CUDA_ARCH__ >= 800
+// Batched products on tensor cores (m = 2..16 tokens, Q4_0 and Q4_K rows of a multiple of 128
+// values; the int8 mma needs sm_80).
 //
 // The products above do an int8 dot per token and row and load each token's activations again
 // for every weight chunk, so a 16-token product costs several times a 1-token one although both
 // read the same weights. Here a warp multiplies 16 weight rows by 8 tokens with
-// mma.sync.m16n8k32 (int8 in, int32 out), one ggml block (32 values) per k-step:
-// - A (16 rows x 32 values): thread (g, t) holds word t of the block in rows g and g + 8; its
-//   low nibbles are values 4t..4t+3 (a0, a1), its high nibbles values 16+4t.. (a2, a3), taken
-//   unsigned (0..15).
+// mma.sync.m16n8k32 (int8 in, int32 out), one 32-value block (Q4_0) or sub-block (Q4_K) of one
+// scale per k-step:
+// - A (16 rows x 32 values): thread (g, t) holds values 4t..4t+3 (a0, a1) and 16+4t.. (a2, a3)
+//   of rows g and g + 8: the nibbles of one word of the row's quants each, taken unsigned
+//   (0..15); which word and which nibbles is the type's mma_a.
 // - B (32 values x 8 tokens): words t and 4 + t of token g's int8 group (actq.cuh).
-// - C holds each (row, token)'s exact sum of nibble · level over the block (|sum| ≤ 60,960),
-//   which becomes f32 as in the dp4a products: y += d_w · (d_a · C − 8 · d_a·Σq). The mma
-//   adds the sum to the bits of ACT_RAW_ZERO (1.5 · 2^23), which makes them the float
-//   1.5 · 2^23 + sum, so one subtraction converts it exactly, where the conversion unit runs
-//   at a quarter of the FP32 rate.
-// A lane loads 16 bytes of a row at a time (block 4j + t of a quad's row) and a transpose inside
-// the quad hands each lane word t of the four blocks. A block's 8 warps share its rows (MT
-// tiles of 16; in the gated product the gate's and the up matrix's 16 rows) and take every
-// 8th group of four blocks along the row; their sums meet in shared memory, where the block's
-// threads add them up and store.
+// - C holds each (row, token)'s exact sum of nibble · level over the k-step (|sum| ≤ 60,960),
+//   which becomes f32 as in the dp4a products (Q4_0: y += d_w · (d_a · C − 8 · d_a·Σq); Q4_K:
+//   y += d·sc · d_a · C − dmin·m · d_a·Σq). The mma adds the sum to the bits of ACT_RAW_ZERO
+//   (1.5 · 2^23), which makes them the float 1.5 · 2^23 + sum, so one subtraction converts it
+//   exactly, where the conversion unit runs at a quarter of the FP32 rate.
+// A lane loads 16 bytes of a row at a time (the quad's row's 64 bytes, four k-steps) and a
+// transpose inside the quad hands each lane its word of each 16 bytes. A block's 8 warps share
+// its rows (MT tiles of 16; in the gated product the gate's and the up matrix's 16 rows) and
+// take every 8th group of 128 values along the row; their sums meet in shared memory, where
+// the block's threads add them up and store.
 #define MMA_WARPS 8
-#define MMA_BLOCKS 4  // ggml blocks per lane load (16 bytes of a row)
 
 // c = the bits of ACT_RAW_ZERO + A·B (see above), as floats.
 __device__ __forceinline__ void mma_s8(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
@@ -1344,17 +1345,88 @@ __device__ __forceinline__ void quad_transpose(u32 (&v)[4], int t) {
     }
 }
 
-// One row's next four blocks: as a lane loads them, q[i] is word i of block 4j + t, and after
-// quad_transpose word t of block 4j + i; d holds the four blocks' f16 scales.
+// Per type, a row's weights for one group of 128 values (MmaRow), as a lane of quad t loads
+// them (mma_load, 16 bytes: "pseudo-block" t of four; `unit` is the row's first ggml block),
+// after quad_transpose (q[i]: word t of pseudo-block i) and mma_ready; mma_a gives k-step j's
+// A fragment of rows g (r0) and g + 8 (r1); mma_scales k-step j's factors w of a row's sums
+// and mma_term a sum's share of the product (C with ACT_RAW_ZERO, s = {d_a, d_a·Σq}).
+#if QTYPE == GGML_Q4_0
+// Pseudo-block i is block 4·group + i; k-step j is block j: low nibbles values 0..15, high
+// nibbles 16..31; the levels' offset of 8 is mma_term's.
 struct MmaRow {
     u32 q[4];
-    uint2 d;
+    uint2 d;  // the four blocks' f16 scales
 };
-
-// The f16 scale of block j (0..3) of four packed in d.
-__device__ __forceinline__ float scale_of(uint2 d, int j) {
-    return f16_to_f32((u16)(((j < 2 ? d.x : d.y) >> (16 * (j & 1))) & 0xFFFFu));
+__device__ __forceinline__ void mma_load(MmaRow& r, const QMatrix& mat, u32 unit, int grp, int t) {
+    const u32 blk = unit + grp * 4;
+    const uint4 q = ld_weights(mat.data + (size_t)(blk + t) * QB);
+    r.q[0] = q.x;
+    r.q[1] = q.y;
+    r.q[2] = q.z;
+    r.q[3] = q.w;
+    r.d = ld_aux((const uint2*)((const u16*)mat.aux + blk));
 }
+__device__ __forceinline__ void mma_ready(MmaRow&, int) {}
+__device__ __forceinline__ void mma_a(const MmaRow& r0, const MmaRow& r1, int j, u32 (&a)[4]) {
+    a[0] = r0.q[j] & 0x0F0F0F0Fu;
+    a[1] = r1.q[j] & 0x0F0F0F0Fu;
+    a[2] = (r0.q[j] >> 4) & 0x0F0F0F0Fu;
+    a[3] = (r1.q[j] >> 4) & 0x0F0F0F0Fu;
+}
+__device__ __forceinline__ float mma_scales(const MmaRow& r, int j) {
+    return f16_to_f32((u16)(((j < 2 ? r.d.x : r.d.y) >> (16 * (j & 1))) & 0xFFFFu));
+}
+__device__ __forceinline__ float mma_term(float d, float2 s, float c) {
+    return d * (s.x * (c - MMA_RAW_ZERO) - 8.0f * s.y);
+}
+#else
+// Q4_K: a group is half h of a superblock, its quant bytes 64h..64h+63 = chunks 2h and 2h + 1;
+// pseudo-blocks 0 and 1 are chunk 2h's halves, 2 and 3 chunk 2h + 1's. K-step j is sub-block
+// 4h + j: the low (j even) or high (j odd) nibbles of chunk 2h + j / 2, its words t (a0 a1) and
+// 4 + t (a2 a3).
+struct MmaRow {
+    u32 q[4];
+    // As loaded: d and dmin (f16), the 12 scale bytes; after mma_ready, y and z hold the four
+    // sub-blocks' scales and mins as bytes.
+    uint4 aux;
+};
+__device__ __forceinline__ void mma_load(MmaRow& r, const QMatrix& mat, u32 unit, int grp, int t) {
+    const u32 sb = unit + (grp >> 1);
+    const uint4 q = ld_weights(mat.data + (size_t)sb * QB + 64 * (grp & 1) + 16 * t);
+    r.q[0] = q.x;
+    r.q[1] = q.y;
+    r.q[2] = q.z;
+    r.q[3] = q.w;
+    r.aux = ld_aux((const uint4*)(mat.aux + (size_t)sb * AB));
+}
+// The 6-bit scales and mins of sub-blocks 4h..4h+3 (h = grp & 1), ggml's get_scale_min_k4 for
+// four at once.
+__device__ __forceinline__ void mma_ready(MmaRow& r, int grp) {
+    const u32 y = r.aux.y, z = r.aux.z, w = r.aux.w;
+    if (grp & 1) {
+        r.aux.y = (w & 0x0F0F0F0Fu) | ((y >> 2) & 0x30303030u);
+        r.aux.z = ((w >> 4) & 0x0F0F0F0Fu) | ((z >> 2) & 0x30303030u);
+    } else {
+        r.aux.y = y & 0x3F3F3F3Fu;
+        r.aux.z = z & 0x3F3F3F3Fu;
+    }
+}
+__device__ __forceinline__ void mma_a(const MmaRow& r0, const MmaRow& r1, int j, u32 (&a)[4]) {
+    const int p = 2 * (j >> 1), sh = 4 * (j & 1);
+    a[0] = (r0.q[p] >> sh) & 0x0F0F0F0Fu;
+    a[1] = (r1.q[p] >> sh) & 0x0F0F0F0Fu;
+    a[2] = (r0.q[p + 1] >> sh) & 0x0F0F0F0Fu;
+    a[3] = (r1.q[p + 1] >> sh) & 0x0F0F0F0Fu;
+}
+// The sub-block's scale and min, d·sc and dmin·m.
+__device__ __forceinline__ float2 mma_scales(const MmaRow& r, int j) {
+    return make_float2(f16_to_f32((u16)(r.aux.x & 0xFFFFu)) * (float)byte_of(r.aux.y, j),
+                       f16_to_f32((u16)(r.aux.x >> 16)) * (float)byte_of(r.aux.z, j));
+}
+__device__ __forceinline__ float mma_term(float2 w, float2 s, float c) {
+    return w.x * (s.x * (c - MMA_RAW_ZERO)) - w.y * s.y;
+}
+#endif
 
 // The sums of a block's rows: tile mt is rows row0[mt] + 0..15 of mat[mt] (rows past the
 // matrix read its last row), times NT tiles of 8 tokens (tokens past m read token m − 1).
@@ -1366,7 +1438,8 @@ __device__ __forceinline__ float mma_tiles(const QMatrix (&mat)[MT], const int (
                                            float (&acc)[MT][NT][4]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int nblk = x.cols / QK, groups = nblk / MMA_BLOCKS;
+    // Activation groups (32 values) per token; groups of 128 values (four k-steps) per row.
+    const int agroups = x.cols / 32, groups = x.cols / 128;
     // Offsets from the matrices and the activations, 32-bit to save registers (a matrix has
     // fewer than 2^32 blocks): the first block of each of the lane's rows, the first level of its
     // tokens of B and the first group of its tokens of C.
@@ -1375,7 +1448,7 @@ __device__ __forceinline__ float mma_tiles(const QMatrix (&mat)[MT], const int (
     for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            rblk[mt][h] = (u32)min(row0[mt] + g + 8 * h, mat[mt].rows - 1) * nblk;
+            rblk[mt][h] = (u32)min(row0[mt] + g + 8 * h, mat[mt].rows - 1) * (x.cols / QK);
         }
     }
     u32 xq[NT], xs[NT][2];
@@ -1383,7 +1456,7 @@ __device__ __forceinline__ float mma_tiles(const QMatrix (&mat)[MT], const int (
     for (int nt = 0; nt < NT; nt++) {
         xq[nt] = (u32)min(8 * nt + g, m - 1) * x.cols + 4 * t;
 #pragma unroll
-        for (int i = 0; i < 2; i++) xs[nt][i] = (u32)min(8 * nt + 2 * t + i, m - 1) * nblk;
+        for (int i = 0; i < 2; i++) xs[nt][i] = (u32)min(8 * nt + 2 * t + i, m - 1) * agroups;
     }
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
@@ -1398,15 +1471,7 @@ __device__ __forceinline__ float mma_tiles(const QMatrix (&mat)[MT], const int (
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const u32 blk = rblk[mt][h] + grp * MMA_BLOCKS;
-                const uint4 q = ld_weights(mat[mt].data + (size_t)(blk + t) * QB);
-                r[mt][h].q[0] = q.x;
-                r[mt][h].q[1] = q.y;
-                r[mt][h].q[2] = q.z;
-                r[mt][h].q[3] = q.w;
-                r[mt][h].d = ld_aux((const uint2*)((const u16*)mat[mt].aux + blk));
-            }
+            for (int h = 0; h < 2; h++) mma_load(r[mt][h], mat[mt], rblk[mt][h], grp, t);
         }
     };
     start_product(early, [&] {
@@ -1417,30 +1482,32 @@ __device__ __forceinline__ float mma_tiles(const QMatrix (&mat)[MT], const int (
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
-            for (int h = 0; h < 2; h++) quad_transpose(cur[mt][h].q, t);
+            for (int h = 0; h < 2; h++) {
+                quad_transpose(cur[mt][h].q, t);
+                mma_ready(cur[mt][h], grp);
+            }
         }
         if (grp + MMA_WARPS < groups) load(next, grp + MMA_WARPS);
 #pragma unroll
-        for (int j = 0; j < MMA_BLOCKS; j++) {
-            const int blk = grp * MMA_BLOCKS + j;
+        for (int j = 0; j < 4; j++) {
+            const int blk = grp * 4 + j;
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
-                const i8* b = x.q + xq[nt] + blk * QK;
+                const i8* b = x.q + xq[nt] + blk * 32;
                 const u32 b0 = __ldg((const u32*)b), b1 = __ldg((const u32*)(b + 16));
                 const float2 s0 = __ldg((const float2*)(x.s + xs[nt][0] + blk));
                 const float2 s1 = __ldg((const float2*)(x.s + xs[nt][1] + blk));
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
-                    const u32 lo = cur[mt][0].q[j], hi = cur[mt][1].q[j];
-                    const u32 a[4] = {lo & 0x0F0F0F0Fu, hi & 0x0F0F0F0Fu, (lo >> 4) & 0x0F0F0F0Fu,
-                                      (hi >> 4) & 0x0F0F0F0Fu};
+                    u32 a[4];
+                    mma_a(cur[mt][0], cur[mt][1], j, a);
                     float c[4];
                     mma_s8(c, a, b0, b1);
-                    const float d0 = scale_of(cur[mt][0].d, j), d1 = scale_of(cur[mt][1].d, j);
-                    acc[mt][nt][0] += d0 * (s0.x * (c[0] - MMA_RAW_ZERO) - 8.0f * s0.y);
-                    acc[mt][nt][1] += d0 * (s1.x * (c[1] - MMA_RAW_ZERO) - 8.0f * s1.y);
-                    acc[mt][nt][2] += d1 * (s0.x * (c[2] - MMA_RAW_ZERO) - 8.0f * s0.y);
-                    acc[mt][nt][3] += d1 * (s1.x * (c[3] - MMA_RAW_ZERO) - 8.0f * s1.y);
+                    const auto w0 = mma_scales(cur[mt][0], j), w1 = mma_scales(cur[mt][1], j);
+                    acc[mt][nt][0] += mma_term(w0, s0, c[0]);
+                    acc[mt][nt][1] += mma_term(w0, s1, c[1]);
+                    acc[mt][nt][2] += mma_term(w1, s0, c[2]);
+                    acc[mt][nt][3] += mma_term(w1, s1, c[3]);
                 }
             }
         }

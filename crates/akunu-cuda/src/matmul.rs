@@ -18,7 +18,7 @@
 //!   their sums, so decode launches no norm between blocks.
 //! - [`gemv`] multiplies with `__dp4a` (four int8 products per instruction) so that one weight
 //!   read serves all m tokens at the speed of memory; F32, F16 and BF16 weights use the f32
-//!   inputs. Batches of 5 to 16 tokens over Q4_0 rows (a multiple of 128 values) run on
+//!   inputs. Batches of 5 to 16 tokens over Q4_0 and Q4_K rows (a multiple of 128 values) run on
 //!   tensor cores instead (`mma.sync` int8, one ggml block per k-step, the chip config's
 //!   `gemv_mma_from`), where the `dp4a` products are bound by their dot products and repeated
 //!   activation loads. [`gemv_many`] runs up to three products of one input (q, k and v) in one launch,
@@ -342,11 +342,11 @@ struct MmaKernels {
 /// Whether products of type `ty` have tensor-core kernels for batches on a device of compute
 /// capability `cc` (`kernels/gemv.cu`: the int8 `mma.sync` needs 8.0).
 fn has_mma(ty: GgmlType, cc: (i32, i32)) -> bool {
-    ty == GgmlType::Q4_0 && cc.0 >= 8
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_K) && cc.0 >= 8
 }
 
-/// Values per step of a warp in the tensor-core products: four 32-value blocks, 16 bytes of a
-/// Q4_0 row. Rows must be a multiple of it.
+/// Values per step of a warp in the tensor-core products: 16 bytes of a row (four Q4_0 blocks,
+/// half a Q4_K superblock's quants). Rows must be a multiple of it.
 const MMA_COLS: usize = 128;
 
 /// Warps per block of the tensor-core products (`MMA_WARPS` in `kernels/gemv.cu`).
