@@ -3,8 +3,8 @@
 // Compiled without QTYPE: only the activation quantizer, shared by every weight type.
 // Compiled with -DQTYPE=<ggml type code>: the products for that weight type.
 //
-// Q4_0 and Q4_K batches of 5 to 16 tokens run on tensor cores instead (gemv_mma_*, the last
-// section).
+// Q4_0, Q4_K and Q6_K batches of 5 to 16 tokens run on tensor cores instead (gemv_mma_*, the
+// last section).
 //
 // Quantized weights meet activations quantized to int8 per 32 values (d = amax/127, plus the
 // level sums d·Σq per 16 and per 32 that the offset and min terms need), multiplied four
@@ -1284,26 +1284,27 @@ GEMV_ENTRIES(4, 4, 1, 2, 1, )
 GEMV_ENTRIES(8, 4, 1, 1, 1, )
 GEMV_ENTRIES(16, 2, 1, 1, 1, )
 
-#if (QTYPE == GGML_Q4_0 || QTYPE == GGML_Q4_K) && __CUDA_ARCH__ >= 800
-// Batched products on tensor cores (m = 2..16 tokens, Q4_0 and Q4_K rows of a multiple of 128
-// values; the int8 mma needs sm_80).
+#if (QTYPE == GGML_Q4_0 || QTYPE == GGML_Q4_K || QTYPE == GGML_Q6_K) && __CUDA_ARCH__ >= 800
+// Batched products on tensor cores (m = 2..16 tokens, Q4_0, Q4_K and Q6_K rows of a multiple of
+// 128 values; the int8 mma needs sm_80).
 //
 // The products above do an int8 dot per token and row and load each token's activations again
 // for every weight chunk, so a 16-token product costs several times a 1-token one although both
 // read the same weights. Here a warp multiplies 16 weight rows by 8 tokens with
 // mma.sync.m16n8k32 (int8 in, int32 out), one 32-value block (Q4_0) or sub-block (Q4_K) of one
-// scale per k-step:
+// scale per k-step (Q6_K: m16n8k16, its scales cover 16 values):
 // - A (16 rows x 32 values): thread (g, t) holds values 4t..4t+3 (a0, a1) and 16+4t.. (a2, a3)
-//   of rows g and g + 8: the nibbles of one word of the row's quants each, taken unsigned
-//   (0..15); which word and which nibbles is the type's mma_a.
+//   of rows g and g + 8: the nibbles of one word of the row's quants each (Q6_K: with two bits
+//   of another), taken unsigned; which words and bits is the type's mma_a.
 // - B (32 values x 8 tokens): words t and 4 + t of token g's int8 group (actq.cuh).
-// - C holds each (row, token)'s exact sum of nibble · level over the k-step (|sum| ≤ 60,960),
-//   which becomes f32 as in the dp4a products (Q4_0: y += d_w · (d_a · C − 8 · d_a·Σq); Q4_K:
-//   y += d·sc · d_a · C − dmin·m · d_a·Σq). The mma adds the sum to the bits of ACT_RAW_ZERO
-//   (1.5 · 2^23), which makes them the float 1.5 · 2^23 + sum, so one subtraction converts it
-//   exactly, where the conversion unit runs at a quarter of the FP32 rate.
-// A lane loads 16 bytes of a row at a time (the quad's row's 64 bytes, four k-steps) and a
-// transpose inside the quad hands each lane its word of each 16 bytes. A block's 8 warps share
+// - C holds each (row, token)'s exact sum of level · activation level over the k-step (|sum| ≤
+//   16 · 63 · 127 < 2^22), which becomes f32 as in the dp4a products (Q4_0: y += d_w · (d_a · C
+//   − 8 · d_a·Σq); Q4_K: y += d·sc · d_a · C − dmin·m · d_a·Σq). The mma adds the sum to the
+//   bits of ACT_RAW_ZERO (1.5 · 2^23), which makes them the float 1.5 · 2^23 + sum, so one
+//   subtraction converts it exactly, where the conversion unit runs at a quarter of the FP32
+//   rate.
+// A lane loads 16 bytes of a row at a time (the quad's row's 64 bytes of quants, four or eight
+// k-steps) and a transpose inside the quad hands each lane its word of each 16 bytes. A block's 8 warps share
 // its rows (MT tiles of 16; in the gated product the gate's and the up matrix's 16 rows) and
 // take every 8th group of 128 values along the row; their sums meet in shared memory, where
 // the block's threads add them up and store.
@@ -1319,7 +1320,50 @@ __device__ __forceinline__ void mma_s8(float (&c)[4], const u32 (&a)[4], u32 b0,
 #pragma unroll
     for (int i = 0; i < 4; i++) c[i] = __uint_as_float(r[i]);
 }
+// The same with 16-value k-steps (m16n8k16): a0 a1 rows g and g + 8, b0 values 4t..4t+3.
+__device__ __forceinline__ void mma_s8_k16(float (&c)[4], const u32 (&a)[2], u32 b0) {
+    u32 r[4];
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+        "{%7, %7, %7, %7};"
+        : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+        : "r"(a[0]), "r"(a[1]), "r"(b0), "r"(ACT_RAW_ZERO));
+#pragma unroll
+    for (int i = 0; i < 4; i++) c[i] = __uint_as_float(r[i]);
+}
 #define MMA_RAW_ZERO 12582912.0f  // ACT_RAW_ZERO as a float
+
+// One token's B fragment and activation factors {d_a, d_a·Σq} of tokens 2t and 2t + 1 for a
+// 32-value k-step: words t and 4 + t of activation group `grp`.
+struct MmaB32 {
+    u32 b0, b1;
+    float2 s0, s1;
+};
+__device__ __forceinline__ void mma_b(MmaB32& b, const Acts& x, u32 xq, const u32 (&xs)[2],
+                                      int grp) {
+    const i8* q = x.q + xq + grp * 32;
+    b.b0 = __ldg((const u32*)q);
+    b.b1 = __ldg((const u32*)(q + 16));
+    b.s0 = __ldg((const float2*)(x.s + xs[0] + grp));
+    b.s1 = __ldg((const float2*)(x.s + xs[1] + grp));
+}
+__device__ __forceinline__ void mma_mul(float (&c)[4], const u32 (&a)[4], const MmaB32& b) {
+    mma_s8(c, a, b.b0, b.b1);
+}
+// The same for a 16-value k-step: half h of group `grp`, the sums Σq of that half.
+struct MmaB16 {
+    u32 b0;
+    float2 s0, s1;
+};
+__device__ __forceinline__ void mma_b(MmaB16& b, const Acts& x, u32 xq, const u32 (&xs)[2],
+                                      int grp, int h) {
+    b.b0 = __ldg((const u32*)(x.q + xq + grp * 32 + 16 * h));
+    const float4 s0 = __ldg(x.s + xs[0] + grp), s1 = __ldg(x.s + xs[1] + grp);
+    b.s0 = make_float2(s0.x, h ? s0.w : s0.z);
+    b.s1 = make_float2(s1.x, h ? s1.w : s1.z);
+}
+__device__ __forceinline__ void mma_mul(float (&c)[4], const u32 (&a)[2], const MmaB16& b) {
+    mma_s8_k16(c, a, b.b0);
+}
 
 // Lane t of each quad holds words 0..3 of block t; afterwards v[j] is word t of block j. Two
 // butterfly stages (partners t ^ 1, then t ^ 2), each swapping half of the words.
@@ -1346,10 +1390,20 @@ __device__ __forceinline__ void quad_transpose(u32 (&v)[4], int t) {
 }
 
 // Per type, a row's weights for one group of 128 values (MmaRow), as a lane of quad t loads
-// them (mma_load, 16 bytes: "pseudo-block" t of four; `unit` is the row's first ggml block),
-// after quad_transpose (q[i]: word t of pseudo-block i) and mma_ready; mma_a gives k-step j's
-// A fragment of rows g (r0) and g + 8 (r1); mma_scales k-step j's factors w of a row's sums
-// and mma_term a sum's share of the product (C with ACT_RAW_ZERO, s = {d_a, d_a·Σq}).
+// them (mma_load, 16 bytes at a time: "pseudo-block" t of four; `unit` is the row's first ggml
+// block) and after mma_ready (quad_transpose: q[i] is word t of pseudo-block i); MMA_STEPS
+// k-steps of MmaB's values; mma_b_of loads step j's B; mma_a gives step j's A fragment of rows
+// g (r0) and g + 8 (r1); mma_scales step j's factors w of a row's sums and mma_term a sum's
+// share of the product (C with ACT_RAW_ZERO, s = {d_a, d_a·Σq}).
+#if QTYPE == GGML_Q4_0 || QTYPE == GGML_Q4_K
+#define MMA_STEPS 4
+typedef MmaB32 MmaB;
+typedef u32 MmaA[4];
+__device__ __forceinline__ void mma_b_of(MmaB& b, const Acts& x, u32 xq, const u32 (&xs)[2],
+                                         int grp, int j) {
+    mma_b(b, x, xq, xs, 4 * grp + j);
+}
+#endif
 #if QTYPE == GGML_Q4_0
 // Pseudo-block i is block 4·group + i; k-step j is block j: low nibbles values 0..15, high
 // nibbles 16..31; the levels' offset of 8 is mma_term's.
@@ -1366,7 +1420,7 @@ __device__ __forceinline__ void mma_load(MmaRow& r, const QMatrix& mat, u32 unit
     r.q[3] = q.w;
     r.d = ld_aux((const uint2*)((const u16*)mat.aux + blk));
 }
-__device__ __forceinline__ void mma_ready(MmaRow&, int) {}
+__device__ __forceinline__ void mma_ready(MmaRow& r, int, int t) { quad_transpose(r.q, t); }
 __device__ __forceinline__ void mma_a(const MmaRow& r0, const MmaRow& r1, int j, u32 (&a)[4]) {
     a[0] = r0.q[j] & 0x0F0F0F0Fu;
     a[1] = r1.q[j] & 0x0F0F0F0Fu;
@@ -1379,7 +1433,7 @@ __device__ __forceinline__ float mma_scales(const MmaRow& r, int j) {
 __device__ __forceinline__ float mma_term(float d, float2 s, float c) {
     return d * (s.x * (c - MMA_RAW_ZERO) - 8.0f * s.y);
 }
-#else
+#elif QTYPE == GGML_Q4_K
 // Q4_K: a group is half h of a superblock, its quant bytes 64h..64h+63 = chunks 2h and 2h + 1;
 // pseudo-blocks 0 and 1 are chunk 2h's halves, 2 and 3 chunk 2h + 1's. K-step j is sub-block
 // 4h + j: the low (j even) or high (j odd) nibbles of chunk 2h + j / 2, its words t (a0 a1) and
@@ -1401,7 +1455,8 @@ __device__ __forceinline__ void mma_load(MmaRow& r, const QMatrix& mat, u32 unit
 }
 // The 6-bit scales and mins of sub-blocks 4h..4h+3 (h = grp & 1), ggml's get_scale_min_k4 for
 // four at once.
-__device__ __forceinline__ void mma_ready(MmaRow& r, int grp) {
+__device__ __forceinline__ void mma_ready(MmaRow& r, int grp, int t) {
+    quad_transpose(r.q, t);
     const u32 y = r.aux.y, z = r.aux.z, w = r.aux.w;
     if (grp & 1) {
         r.aux.y = (w & 0x0F0F0F0Fu) | ((y >> 2) & 0x30303030u);
@@ -1425,6 +1480,58 @@ __device__ __forceinline__ float2 mma_scales(const MmaRow& r, int j) {
 }
 __device__ __forceinline__ float mma_term(float2 w, float2 s, float c) {
     return w.x * (s.x * (c - MMA_RAW_ZERO)) - w.y * s.y;
+}
+#else
+// Q6_K: a group is half n of a superblock: ql bytes 64n..64n+63 (the values' low four bits:
+// pseudo-blocks 0..3), qh bytes 128 + 32n.. (their top two bits: pseudo-blocks 0 and 1, which
+// lanes 2 and 3 load again), the scales 8n..8n+7 (int8, one per 16 values). K-step j = 2s + h
+// is the 16 values 32s + 16h + i (i < 16) of the half, scale j: the nibble s >> 1 of ql bytes
+// 32 (s & 1) + 16h + i and bits 2s, 2s + 1 of qh bytes 16h + i, activation group 4·grp + s,
+// half h. Levels are 0..63 with an offset of 32.
+#define MMA_STEPS 8
+typedef MmaB16 MmaB;
+typedef u32 MmaA[2];
+__device__ __forceinline__ void mma_b_of(MmaB& b, const Acts& x, u32 xq, const u32 (&xs)[2],
+                                         int grp, int j) {
+    mma_b(b, x, xq, xs, 4 * grp + (j >> 1), j & 1);
+}
+struct MmaRow {
+    u32 ql[4], qh[4];
+    uint2 sc;
+    u32 d;  // the superblock's f16 scale
+};
+__device__ __forceinline__ void mma_load(MmaRow& r, const QMatrix& mat, u32 unit, int grp, int t) {
+    const u32 sb = unit + (grp >> 1), n = grp & 1;
+    const u8* blk = mat.data + (size_t)sb * QB;
+    const uint4 l = ld_weights(blk + 64 * n + 16 * t);
+    const uint4 h = ld_weights(blk + 128 + 32 * n + 16 * (t & 1));
+    r.ql[0] = l.x;
+    r.ql[1] = l.y;
+    r.ql[2] = l.z;
+    r.ql[3] = l.w;
+    r.qh[0] = h.x;
+    r.qh[1] = h.y;
+    r.qh[2] = h.z;
+    r.qh[3] = h.w;
+    r.sc = ld_aux((const uint2*)(mat.aux + (size_t)sb * AB + 8 * n));
+    const size_t nblocks = (size_t)mat.rows * (size_t)(mat.cols / QK);
+    r.d = ld_aux((const u16*)(mat.aux + nblocks * AB) + sb);
+}
+__device__ __forceinline__ void mma_ready(MmaRow& r, int, int t) {
+    quad_transpose(r.ql, t);
+    quad_transpose(r.qh, t);
+}
+__device__ __forceinline__ void mma_a(const MmaRow& r0, const MmaRow& r1, int j, u32 (&a)[2]) {
+    const int s = j >> 1, h = j & 1, p = 2 * (s & 1) + h;
+    const int lo = 4 * (s >> 1), hi = 2 * s;
+    a[0] = ((r0.ql[p] >> lo) & 0x0F0F0F0Fu) | (((r0.qh[h] >> hi) & 0x03030303u) << 4);
+    a[1] = ((r1.ql[p] >> lo) & 0x0F0F0F0Fu) | (((r1.qh[h] >> hi) & 0x03030303u) << 4);
+}
+__device__ __forceinline__ float mma_scales(const MmaRow& r, int j) {
+    return f16_to_f32((u16)r.d) * (float)(i8)byte_of(j < 4 ? r.sc.x : r.sc.y, j & 3);
+}
+__device__ __forceinline__ float mma_term(float d, float2 s, float c) {
+    return d * (s.x * (c - MMA_RAW_ZERO) - 32.0f * s.y);
 }
 #endif
 
@@ -1482,32 +1589,26 @@ __device__ __forceinline__ float mma_tiles(const QMatrix (&mat)[MT], const int (
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                quad_transpose(cur[mt][h].q, t);
-                mma_ready(cur[mt][h], grp);
-            }
+            for (int h = 0; h < 2; h++) mma_ready(cur[mt][h], grp, t);
         }
         if (grp + MMA_WARPS < groups) load(next, grp + MMA_WARPS);
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int blk = grp * 4 + j;
+        for (int j = 0; j < MMA_STEPS; j++) {
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
-                const i8* b = x.q + xq[nt] + blk * 32;
-                const u32 b0 = __ldg((const u32*)b), b1 = __ldg((const u32*)(b + 16));
-                const float2 s0 = __ldg((const float2*)(x.s + xs[nt][0] + blk));
-                const float2 s1 = __ldg((const float2*)(x.s + xs[nt][1] + blk));
+                MmaB b;
+                mma_b_of(b, x, xq[nt], xs[nt], grp, j);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
-                    u32 a[4];
+                    MmaA a;
                     mma_a(cur[mt][0], cur[mt][1], j, a);
                     float c[4];
-                    mma_s8(c, a, b0, b1);
+                    mma_mul(c, a, b);
                     const auto w0 = mma_scales(cur[mt][0], j), w1 = mma_scales(cur[mt][1], j);
-                    acc[mt][nt][0] += mma_term(w0, s0, c[0]);
-                    acc[mt][nt][1] += mma_term(w0, s1, c[1]);
-                    acc[mt][nt][2] += mma_term(w1, s0, c[2]);
-                    acc[mt][nt][3] += mma_term(w1, s1, c[3]);
+                    acc[mt][nt][0] += mma_term(w0, b.s0, c[0]);
+                    acc[mt][nt][1] += mma_term(w0, b.s1, c[1]);
+                    acc[mt][nt][2] += mma_term(w1, b.s0, c[2]);
+                    acc[mt][nt][3] += mma_term(w1, b.s1, c[3]);
                 }
             }
         }
@@ -1610,11 +1711,14 @@ __device__ __forceinline__ void gemv_mma_gated(const QMatrix& gate, const QMatri
     }
 }
 
-#define MMA_ENTRIES(NT)                                                                          \
+// Entries per tiles of 8 tokens: 16 rows a block; 32 rows a block and the gated product where
+// they fit the registers (Q6_K's spill: its rows keep twice the words in flight).
+#define MMA_R16(NT)                                                                              \
     extern "C" __global__ void __launch_bounds__(256, 2)                                         \
         gemv_mma_n##NT##_r16(const GemvParams P) {                                               \
         gemv_mma_plain<NT, 1>(P);                                                                \
-    }                                                                                            \
+    }
+#define MMA_R32_GATED(NT)                                                                        \
     extern "C" __global__ void __launch_bounds__(256, 2)                                         \
         gemv_mma_n##NT##_r32(const GemvParams P) {                                               \
         gemv_mma_plain<NT, 2>(P);                                                                \
@@ -1629,8 +1733,12 @@ __device__ __forceinline__ void gemv_mma_gated(const QMatrix& gate, const QMatri
         gemv_mma_gated<NT>({data, aux, rows, cols}, {data2, aux2, rows, cols}, x, m, y, y_stride, \
                            act, early);                                                          \
     }
-MMA_ENTRIES(1)
-MMA_ENTRIES(2)
+MMA_R16(1)
+MMA_R16(2)
+#if QTYPE != GGML_Q6_K
+MMA_R32_GATED(1)
+MMA_R32_GATED(2)
+#endif
 #endif
 
 #endif

@@ -48,12 +48,12 @@ pub struct ChipConfig {
     /// Largest batch served by the GEMV kernels; larger batches use the tiled GEMM.
     pub gemv_max_m: usize,
     /// Smallest batch whose products run on tensor cores (`gemv_mma_*` in `kernels/gemv.cu`,
-    /// Q4_0 and Q4_K rows of a multiple of 128 values, compute capability 8.0 and later); 0:
-    /// never.
+    /// Q4_0, Q4_K and Q6_K rows of a multiple of 128 values, compute capability 8.0 and later);
+    /// 0: never.
     /// Default 5: from 5 to 16 tokens they measured 1.2–2.1x faster than the `dp4a` products,
     /// at 4 no faster on large matrices (docs/perf/2026-11-24-batched-products-mma.md).
     pub gemv_mma_from: usize,
-    /// Weight rows per block of those products: 16 or 32.
+    /// Weight rows per block of those products: 16 or 32 (Q6_K: always 16).
     pub gemv_mma_rows: usize,
     /// Single-token decode folds each block's residual add and the next RMSNorm into the
     /// output projection before it (`matmul::gemv_residual_norm`), where the block has no

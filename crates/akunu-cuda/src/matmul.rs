@@ -18,11 +18,11 @@
 //!   their sums, so decode launches no norm between blocks.
 //! - [`gemv`] multiplies with `__dp4a` (four int8 products per instruction) so that one weight
 //!   read serves all m tokens at the speed of memory; F32, F16 and BF16 weights use the f32
-//!   inputs. Batches of 5 to 16 tokens over Q4_0 and Q4_K rows (a multiple of 128 values) run on
-//!   tensor cores instead (`mma.sync` int8, one ggml block per k-step, the chip config's
-//!   `gemv_mma_from`), where the `dp4a` products are bound by their dot products and repeated
-//!   activation loads. [`gemv_many`] runs up to three products of one input (q, k and v) in one launch,
-//!   so the small ones do not each pay a launch and a ramp. [`gemv_gated`] computes
+//!   inputs. Batches of 5 to 16 tokens over Q4_0, Q4_K and Q6_K rows (a multiple of 128
+//!   values) run on tensor cores instead (`mma.sync` int8, a k-step per run of values with one
+//!   scale, the chip config's `gemv_mma_from`), where the `dp4a` products are bound by their
+//!   dot products and repeated activation loads. [`gemv_many`] runs up to three products of one
+//!   input (q, k and v) in one launch, so the small ones do not each pay a launch and a ramp. [`gemv_gated`] computes
 //!   `act(gate·x) * (up·x)` in one launch. [`embed`] gathers dequantized rows;
 //!   [`embed_norm`] also applies the first RMSNorm and writes its int8 form, so a pass starts
 //!   with one launch before its first products.
@@ -332,21 +332,55 @@ struct TypeKernels {
     mma: Option<MmaKernels>,
 }
 
-/// `gemv_mma_n{1,2}_r{16,32}` (`plain[tiles of 8 tokens - 1][tiles of 16 rows - 1]`) and
-/// `gemv_gated_mma_n{1,2}`.
+/// One type's tensor-core products, indexed by tiles of 8 tokens − 1: `gemv_mma_n{1,2}_r16`,
+/// and `gemv_mma_n{1,2}_r32` with `gemv_gated_mma_n{1,2}` where the type has them (not Q6_K,
+/// whose would spill).
 struct MmaKernels {
-    plain: [[Kernel; 2]; 2],
-    gated: [Kernel; 2],
+    r16: [Kernel; 2],
+    r32_gated: Option<([Kernel; 2], [Kernel; 2])>,
+}
+
+impl MmaKernels {
+    fn new(gpu: &Gpu, ty: GgmlType, defines: &[(&str, String)]) -> Result<MmaKernels, CudaError> {
+        let k = |name: &str| gpu.kernel("gemv.cu", name, defines);
+        Ok(MmaKernels {
+            r16: [k("gemv_mma_n1_r16")?, k("gemv_mma_n2_r16")?],
+            r32_gated: (ty != GgmlType::Q6_K)
+                .then(|| -> Result<_, CudaError> {
+                    Ok((
+                        [k("gemv_mma_n1_r32")?, k("gemv_mma_n2_r32")?],
+                        [k("gemv_gated_mma_n1")?, k("gemv_gated_mma_n2")?],
+                    ))
+                })
+                .transpose()?,
+        })
+    }
+
+    /// The plain product for a batch of `m` with at most `rows` (16 or 32) weight rows a
+    /// block, and its rows a block.
+    fn plain(&self, m: usize, rows: usize) -> (&Kernel, usize) {
+        let nt = m.div_ceil(8) - 1;
+        match &self.r32_gated {
+            Some((r32, _)) if rows > 16 => (&r32[nt], 32),
+            _ => (&self.r16[nt], 16),
+        }
+    }
+
+    /// The gated product for a batch of `m`, where the type has one.
+    fn gated(&self, m: usize) -> Option<&Kernel> {
+        let nt = m.div_ceil(8) - 1;
+        self.r32_gated.as_ref().map(|(_, gated)| &gated[nt])
+    }
 }
 
 /// Whether products of type `ty` have tensor-core kernels for batches on a device of compute
 /// capability `cc` (`kernels/gemv.cu`: the int8 `mma.sync` needs 8.0).
 fn has_mma(ty: GgmlType, cc: (i32, i32)) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_K) && cc.0 >= 8
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q6_K) && cc.0 >= 8
 }
 
-/// Values per step of a warp in the tensor-core products: 16 bytes of a row (four Q4_0 blocks,
-/// half a Q4_K superblock's quants). Rows must be a multiple of it.
+/// Values per step of a warp in the tensor-core products: 16 bytes of a row's 4-bit quants
+/// (four Q4_0 blocks, half a Q4_K or Q6_K superblock). Rows must be a multiple of it.
 const MMA_COLS: usize = 128;
 
 /// Warps per block of the tensor-core products (`MMA_WARPS` in `kernels/gemv.cu`).
@@ -440,19 +474,7 @@ impl MatmulKernels {
                 embed,
                 embed_norm,
                 mma: has_mma(ty, chip.compute_capability)
-                    .then(|| -> Result<MmaKernels, CudaError> {
-                        let k = |name: String| gpu.kernel("gemv.cu", &name, &defines);
-                        Ok(MmaKernels {
-                            plain: [
-                                [k("gemv_mma_n1_r16".into())?, k("gemv_mma_n1_r32".into())?],
-                                [k("gemv_mma_n2_r16".into())?, k("gemv_mma_n2_r32".into())?],
-                            ],
-                            gated: [
-                                k("gemv_gated_mma_n1".into())?,
-                                k("gemv_gated_mma_n2".into())?,
-                            ],
-                        })
-                    })
+                    .then(|| MmaKernels::new(gpu, ty, &defines))
                     .transpose()?,
             });
         }
@@ -1103,13 +1125,13 @@ fn launch_gemv(
         params.part[i] = GemvPart::of(p);
         groups += p.w.rows.div_ceil(nr);
     }
-    let mma = k.mma_for(tk, m, cols);
+    let mma = k.mma_for(tk, m, cols).map(|mk| mk.plain(m, k.mma_rows));
     let ks = match mma {
         Some(_) => 1,
         None => ksplit(ty, M_VARIANTS[v], groups, cols, warps, k.fill_warps),
     };
     let rows_per_block = match mma {
-        Some(_) => k.mma_rows,
+        Some((_, rows)) => rows,
         None => warps / ks * nr,
     };
     let mut blocks = 0;
@@ -1124,8 +1146,7 @@ fn launch_gemv(
     params.parts = parts.len() as i32;
     params.early = k.start(ty, M_VARIANTS[v], cols);
     params.blocks = blocks as i32;
-    if let Some(mk) = mma {
-        let kernel = &mk.plain[m.div_ceil(8) - 1][k.mma_rows / 16 - 1];
+    if let Some((kernel, _)) = mma {
         return gpu.launch_with(
             kernel,
             (blocks as u32, 1, 1),
@@ -1436,13 +1457,8 @@ pub fn gemv_gated(
     let v = variant(m);
     let [data, aux, rows, cols] = w_gate.args();
     let [data2, aux2, _, _] = w_up.args();
-    let (kernel, grid, warps, ks) = match k.mma_for(tk, m, w_gate.cols) {
-        Some(mk) => (
-            &mk.gated[m.div_ceil(8) - 1],
-            w_gate.rows.div_ceil(16),
-            MMA_WARPS,
-            1,
-        ),
+    let (kernel, grid, warps, ks) = match k.mma_for(tk, m, w_gate.cols).and_then(|mk| mk.gated(m)) {
+        Some(kernel) => (kernel, w_gate.rows.div_ceil(16), MMA_WARPS, 1),
         None => {
             let warps = k.block_warps(w_gate.ty, M_VARIANTS[v], w_gate.cols) as usize;
             let ks = ksplit(
