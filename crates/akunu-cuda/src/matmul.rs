@@ -22,10 +22,10 @@
 //!   values) run on tensor cores instead (`mma.sync` int8, a k-step per run of values with one
 //!   scale, the chip config's `gemv_mma_from`), where the `dp4a` products are bound by their
 //!   dot products and repeated activation loads. [`gemv_many`] runs up to three products of one
-//!   input (q, k and v) in one launch, so the small ones do not each pay a launch and a ramp. [`gemv_gated`] computes
-//!   `act(gate·x) * (up·x)` in one launch. [`embed`] gathers dequantized rows;
-//!   [`embed_norm`] also applies the first RMSNorm and writes its int8 form, so a pass starts
-//!   with one launch before its first products.
+//!   input (q, k and v) in one launch, so the small ones do not each pay a launch and a ramp.
+//!   [`gemv_gated`] computes `act(gate·x) * (up·x)` in one launch. [`embed`] gathers
+//!   dequantized rows; [`embed_norm`] also applies the first RMSNorm and writes its int8 form,
+//!   so a pass starts with one launch before its first products.
 //! - A launch gives each row group (one warp's rows) several warps, each taking a share of the
 //!   row's columns, when its matrices have too few rows to fill the GPU (see `ksplit`).
 //! - The single-token products with unsplit rows run on a grid capped at what the GPU holds at
@@ -333,8 +333,8 @@ struct TypeKernels {
 }
 
 /// One type's tensor-core products, indexed by tiles of 8 tokens − 1: `gemv_mma_n{1,2}_r16`,
-/// and `gemv_mma_n{1,2}_r32` with `gemv_gated_mma_n{1,2}` where the type has them (not Q6_K,
-/// whose would spill).
+/// and `gemv_mma_n{1,2}_r32` with `gemv_gated_mma_n{1,2}` where the type has them (not Q6_K:
+/// they would spill).
 struct MmaKernels {
     r16: [Kernel; 2],
     r32_gated: Option<([Kernel; 2], [Kernel; 2])>,
