@@ -635,6 +635,17 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 }
 __device__ __forceinline__ float activate(int act, float x) { return act ? gelu_tanh(x) : silu(x); }
 
+// Where a plain product's sum s of output `row` goes, by mode: 0 *out = s (+ bias[row]),
+// 1 and 2 *out = silu(*out) · s and gelu(*out) · s.
+__device__ __forceinline__ void store_plain(float* out, int mode, float s,
+                                            const float* __restrict__ bias, int row) {
+    if (mode == 0) {
+        *out = s + (bias ? bias[row] : 0.0f);
+    } else {
+        *out = activate(mode - 1, *out) * s;
+    }
+}
+
 template <int V>
 struct Log2 {
     static constexpr int value = V <= 1 ? 0 : 1 + Log2<V / 2>::value;
@@ -822,12 +833,7 @@ __device__ __forceinline__ void gemv_plain(const QMatrix& mat, const Acts& x, in
         const int t = idx % M;
         const int row = row0 + idx / M;
         if (t < m && row < mat.rows) {
-            float* out = y + (size_t)t * y_stride + row;
-            if (mode == 0) {
-                *out = s + (bias ? bias[row] : 0.0f);
-            } else {
-                *out = activate(mode - 1, *out) * s;
-            }
+            store_plain(y + (size_t)t * y_stride + row, mode, s, bias, row);
         }
     }
 }
@@ -993,12 +999,7 @@ struct PlainJob {
         const GemvPart& p = part_of(P, b);
         const int row = row0(p, b) + (lane >> SH);
         if ((lane & ((1 << SH) - 1)) == 0 && row < p.rows) {
-            float* out = p.y + row;
-            if (P.mode == 0) {
-                *out = s + (p.bias ? p.bias[row] : 0.0f);
-            } else {
-                *out = activate(P.mode - 1, *out) * s;
-            }
+            store_plain(p.y + row, P.mode, s, p.bias, row);
         }
     }
 };
@@ -1413,11 +1414,7 @@ struct MmaRow {
 };
 __device__ __forceinline__ void mma_load(MmaRow& r, const QMatrix& mat, u32 unit, int grp, int t) {
     const u32 blk = unit + grp * 4;
-    const uint4 q = ld_weights(mat.data + (size_t)(blk + t) * QB);
-    r.q[0] = q.x;
-    r.q[1] = q.y;
-    r.q[2] = q.z;
-    r.q[3] = q.w;
+    words(ld_weights(mat.data + (size_t)(blk + t) * QB), r.q);
     r.d = ld_aux((const uint2*)((const u16*)mat.aux + blk));
 }
 __device__ __forceinline__ void mma_ready(MmaRow& r, int, int t) { quad_transpose(r.q, t); }
@@ -1446,11 +1443,7 @@ struct MmaRow {
 };
 __device__ __forceinline__ void mma_load(MmaRow& r, const QMatrix& mat, u32 unit, int grp, int t) {
     const u32 sb = unit + (grp >> 1);
-    const uint4 q = ld_weights(mat.data + (size_t)sb * QB + 64 * (grp & 1) + 16 * t);
-    r.q[0] = q.x;
-    r.q[1] = q.y;
-    r.q[2] = q.z;
-    r.q[3] = q.w;
+    words(ld_weights(mat.data + (size_t)sb * QB + 64 * (grp & 1) + 16 * t), r.q);
     r.aux = ld_aux((const uint4*)(mat.aux + (size_t)sb * AB));
 }
 // The 6-bit scales and mins of sub-blocks 4h..4h+3 (h = grp & 1), ggml's get_scale_min_k4 for
@@ -1503,16 +1496,8 @@ struct MmaRow {
 __device__ __forceinline__ void mma_load(MmaRow& r, const QMatrix& mat, u32 unit, int grp, int t) {
     const u32 sb = unit + (grp >> 1), n = grp & 1;
     const u8* blk = mat.data + (size_t)sb * QB;
-    const uint4 l = ld_weights(blk + 64 * n + 16 * t);
-    const uint4 h = ld_weights(blk + 128 + 32 * n + 16 * (t & 1));
-    r.ql[0] = l.x;
-    r.ql[1] = l.y;
-    r.ql[2] = l.z;
-    r.ql[3] = l.w;
-    r.qh[0] = h.x;
-    r.qh[1] = h.y;
-    r.qh[2] = h.z;
-    r.qh[3] = h.w;
+    words(ld_weights(blk + 64 * n + 16 * t), r.ql);
+    words(ld_weights(blk + 128 + 32 * n + 16 * (t & 1)), r.qh);
     r.sc = ld_aux((const uint2*)(mat.aux + (size_t)sb * AB + 8 * n));
     const size_t nblocks = (size_t)mat.rows * (size_t)(mat.cols / QK);
     r.d = ld_aux((const u16*)(mat.aux + nblocks * AB) + sb);
@@ -1538,7 +1523,7 @@ __device__ __forceinline__ float mma_term(float d, float2 s, float c) {
 // The sums of a block's rows: tile mt is rows row0[mt] + 0..15 of mat[mt] (rows past the
 // matrix read its last row), times NT tiles of 8 tokens (tokens past m read token m − 1).
 // acc[mt][nt] is this warp's share of the C fragment (c0 c1: row g, tokens 2t, 2t + 1; c2 c3:
-// row g + 8), over its groups of four blocks; returns the input's norm_scale.
+// row g + 8), over its groups of 128 values; returns the input's norm_scale.
 template <int NT, int MT>
 __device__ __forceinline__ float mma_tiles(const QMatrix (&mat)[MT], const int (&row0)[MT],
                                            const Acts& x, int m, int early,
@@ -1670,13 +1655,7 @@ __device__ __forceinline__ void gemv_mma_plain(const GemvParams& P) {
         const int2 rt = mma_coords<NT>(e, l);
         const int row = row0 + rt.x;
         if (rt.y < P.m && row < p.rows) {
-            float* out = p.y + (size_t)rt.y * p.y_stride + row;
-            s *= scale;
-            if (P.mode == 0) {
-                *out = s + (p.bias ? p.bias[row] : 0.0f);
-            } else {
-                *out = activate(P.mode - 1, *out) * s;
-            }
+            store_plain(p.y + (size_t)rt.y * p.y_stride + row, P.mode, s * scale, p.bias, row);
         }
     }
 }
