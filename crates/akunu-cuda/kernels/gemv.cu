@@ -1305,10 +1305,12 @@ GEMV_ENTRIES(16, 2, 1, 1, 1, )
 //   subtraction converts it exactly, where the conversion unit runs at a quarter of the FP32
 //   rate.
 // A lane loads 16 bytes of a row at a time (the quad's row's 64 bytes of quants, four or eight
-// k-steps) and a transpose inside the quad hands each lane its word of each 16 bytes. A block's 8 warps share
-// its rows (MT tiles of 16; in the gated product the gate's and the up matrix's 16 rows) and
-// take every 8th group of 128 values along the row; their sums meet in shared memory, where
-// the block's threads add them up and store.
+// k-steps) and a transpose inside the quad hands each lane its word of each 16 bytes; a token's
+// 128 levels of a group come the same way (MmaActs), so each load reads whole 32-byte sectors
+// and a group takes two loads a token tile, not eight. A block's 8 warps share its rows (MT
+// tiles of 16; in the gated product the gate's and the up matrix's 16 rows) and take every 8th
+// group of 128 values along the row; their sums meet in shared memory, where the block's
+// threads add them up and store.
 #define MMA_WARPS 8
 
 // c = the bits of ACT_RAW_ZERO + A·B (see above), as floats.
@@ -1332,39 +1334,6 @@ __device__ __forceinline__ void mma_s8_k16(float (&c)[4], const u32 (&a)[2], u32
     for (int i = 0; i < 4; i++) c[i] = __uint_as_float(r[i]);
 }
 #define MMA_RAW_ZERO 12582912.0f  // ACT_RAW_ZERO as a float
-
-// One token's B fragment and activation factors {d_a, d_a·Σq} of tokens 2t and 2t + 1 for a
-// 32-value k-step: words t and 4 + t of activation group `grp`.
-struct MmaB32 {
-    u32 b0, b1;
-    float2 s0, s1;
-};
-__device__ __forceinline__ void mma_b(MmaB32& b, const Acts& x, u32 xq, const u32 (&xs)[2],
-                                      int grp) {
-    const i8* q = x.q + xq + grp * 32;
-    b.b0 = __ldg((const u32*)q);
-    b.b1 = __ldg((const u32*)(q + 16));
-    b.s0 = __ldg((const float2*)(x.s + xs[0] + grp));
-    b.s1 = __ldg((const float2*)(x.s + xs[1] + grp));
-}
-__device__ __forceinline__ void mma_mul(float (&c)[4], const u32 (&a)[4], const MmaB32& b) {
-    mma_s8(c, a, b.b0, b.b1);
-}
-// The same for a 16-value k-step: half h of group `grp`, the sums Σq of that half.
-struct MmaB16 {
-    u32 b0;
-    float2 s0, s1;
-};
-__device__ __forceinline__ void mma_b(MmaB16& b, const Acts& x, u32 xq, const u32 (&xs)[2],
-                                      int grp, int h) {
-    b.b0 = __ldg((const u32*)(x.q + xq + grp * 32 + 16 * h));
-    const float4 s0 = __ldg(x.s + xs[0] + grp), s1 = __ldg(x.s + xs[1] + grp);
-    b.s0 = make_float2(s0.x, h ? s0.w : s0.z);
-    b.s1 = make_float2(s1.x, h ? s1.w : s1.z);
-}
-__device__ __forceinline__ void mma_mul(float (&c)[4], const u32 (&a)[2], const MmaB16& b) {
-    mma_s8_k16(c, a, b.b0);
-}
 
 // Lane t of each quad holds words 0..3 of block t; afterwards v[j] is word t of block j. Two
 // butterfly stages (partners t ^ 1, then t ^ 2), each swapping half of the words.
@@ -1390,6 +1359,59 @@ __device__ __forceinline__ void quad_transpose(u32 (&v)[4], int t) {
     }
 }
 
+// Token g's levels of a group of 128 values as the lanes of quad t load them, 16 bytes at
+// 16t and 64 + 16t (so each load reads the quad's token's 64 bytes whole), and after
+// quad_transpose as the B fragments take them: v[h][i] is word 4·(i & 1) + t of block
+// 2h + (i >> 1).
+struct MmaActs {
+    u32 v[2][4];
+};
+__device__ __forceinline__ void mma_acts_load(MmaActs& a, const Acts& x, u32 xq, int grp) {
+    const i8* q = x.q + xq + grp * 128;
+    words(__ldg((const uint4*)q), a.v[0]);
+    words(__ldg((const uint4*)(q + 64)), a.v[1]);
+}
+__device__ __forceinline__ void mma_acts_ready(MmaActs& a, int t) {
+    quad_transpose(a.v[0], t);
+    quad_transpose(a.v[1], t);
+}
+// Word 4·hw + t of block blk.
+__device__ __forceinline__ u32 mma_word(const MmaActs& a, int blk, int hw) {
+    return a.v[blk >> 1][2 * (blk & 1) + hw];
+}
+
+// A 32-value k-step's B fragment (block blk: words t and 4 + t of token g) and the activation
+// factors {d_a, d_a·Σq} of tokens 2t and 2t + 1.
+struct MmaB32 {
+    u32 b0, b1;
+    float2 s0, s1;
+};
+__device__ __forceinline__ void mma_b(MmaB32& b, const MmaActs& a, const Acts& x,
+                                      const u32 (&xs)[2], int grp, int blk) {
+    b.b0 = mma_word(a, blk, 0);
+    b.b1 = mma_word(a, blk, 1);
+    b.s0 = __ldg((const float2*)(x.s + xs[0] + 4 * grp + blk));
+    b.s1 = __ldg((const float2*)(x.s + xs[1] + 4 * grp + blk));
+}
+__device__ __forceinline__ void mma_mul(float (&c)[4], const u32 (&a)[4], const MmaB32& b) {
+    mma_s8(c, a, b.b0, b.b1);
+}
+// The same for a 16-value k-step: half h of block blk (word 4h + t), the sums Σq of that half.
+struct MmaB16 {
+    u32 b0;
+    float2 s0, s1;
+};
+__device__ __forceinline__ void mma_b(MmaB16& b, const MmaActs& a, const Acts& x,
+                                      const u32 (&xs)[2], int grp, int blk, int h) {
+    b.b0 = mma_word(a, blk, h);
+    const float4 s0 = __ldg(x.s + xs[0] + 4 * grp + blk), s1 = __ldg(x.s + xs[1] + 4 * grp + blk);
+    b.s0 = make_float2(s0.x, h ? s0.w : s0.z);
+    b.s1 = make_float2(s1.x, h ? s1.w : s1.z);
+}
+__device__ __forceinline__ void mma_mul(float (&c)[4], const u32 (&a)[2], const MmaB16& b) {
+    mma_s8_k16(c, a, b.b0);
+}
+
 // Per type, a row's weights for one group of 128 values (MmaRow), as a lane of quad t loads
 // them (mma_load, 16 bytes at a time: "pseudo-block" t of four; `unit` is the row's first ggml
 // block) and after mma_ready (quad_transpose: q[i] is word t of pseudo-block i); MMA_STEPS
@@ -1400,9 +1422,9 @@ __device__ __forceinline__ void quad_transpose(u32 (&v)[4], int t) {
 #define MMA_STEPS 4
 typedef MmaB32 MmaB;
 typedef u32 MmaA[4];
-__device__ __forceinline__ void mma_b_of(MmaB& b, const Acts& x, u32 xq, const u32 (&xs)[2],
-                                         int grp, int j) {
-    mma_b(b, x, xq, xs, 4 * grp + j);
+__device__ __forceinline__ void mma_b_of(MmaB& b, const MmaActs& a, const Acts& x,
+                                         const u32 (&xs)[2], int grp, int j) {
+    mma_b(b, a, x, xs, grp, j);
 }
 #endif
 #if QTYPE == GGML_Q4_0
@@ -1484,9 +1506,9 @@ __device__ __forceinline__ float mma_term(float2 w, float2 s, float c) {
 #define MMA_STEPS 8
 typedef MmaB16 MmaB;
 typedef u32 MmaA[2];
-__device__ __forceinline__ void mma_b_of(MmaB& b, const Acts& x, u32 xq, const u32 (&xs)[2],
-                                         int grp, int j) {
-    mma_b(b, x, xq, xs, 4 * grp + (j >> 1), j & 1);
+__device__ __forceinline__ void mma_b_of(MmaB& b, const MmaActs& a, const Acts& x,
+                                         const u32 (&xs)[2], int grp, int j) {
+    mma_b(b, a, x, xs, grp, j >> 1, j & 1);
 }
 struct MmaRow {
     u32 ql[4], qh[4];
@@ -1546,7 +1568,7 @@ __device__ __forceinline__ float mma_tiles(const QMatrix (&mat)[MT], const int (
     u32 xq[NT], xs[NT][2];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
-        xq[nt] = (u32)min(8 * nt + g, m - 1) * x.cols + 4 * t;
+        xq[nt] = (u32)min(8 * nt + g, m - 1) * x.cols + 16 * t;
 #pragma unroll
         for (int i = 0; i < 2; i++) xs[nt][i] = (u32)min(8 * nt + 2 * t + i, m - 1) * agroups;
     }
@@ -1571,6 +1593,9 @@ __device__ __forceinline__ float mma_tiles(const QMatrix (&mat)[MT], const int (
     });
     const float scale = norm_scale(x);
     for (int grp = warp; grp < groups; grp += MMA_WARPS) {
+        MmaActs acts[NT];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) mma_acts_load(acts[nt], x, xq[nt], grp);
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
@@ -1578,11 +1603,13 @@ __device__ __forceinline__ float mma_tiles(const QMatrix (&mat)[MT], const int (
         }
         if (grp + MMA_WARPS < groups) load(next, grp + MMA_WARPS);
 #pragma unroll
+        for (int nt = 0; nt < NT; nt++) mma_acts_ready(acts[nt], t);
+#pragma unroll
         for (int j = 0; j < MMA_STEPS; j++) {
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 MmaB b;
-                mma_b_of(b, x, xq[nt], xs[nt], grp, j);
+                mma_b_of(b, acts[nt], x, xs[nt], grp, j);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     MmaA a;
