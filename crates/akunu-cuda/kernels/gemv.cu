@@ -1362,14 +1362,23 @@ __device__ __forceinline__ void quad_transpose(u32 (&v)[4], int t) {
 // Token g's levels of a group of 128 values as the lanes of quad t load them, 16 bytes at
 // 16t and 64 + 16t (so each load reads the quad's token's 64 bytes whole), and after
 // quad_transpose as the B fragments take them: v[h][i] is word 4·(i & 1) + t of block
-// 2h + (i >> 1).
+// 2h + (i >> 1); s is the token's factors of block t, which the lanes of C's tokens take by
+// shuffles (one load a group, where loading them per k-step read four tokens' lines a load).
+#if QTYPE == GGML_Q6_K
+typedef float4 MmaActScale;  // {d, d·Σq, the halves' d·Σq}
+#else
+typedef float2 MmaActScale;  // {d, d·Σq}
+#endif
 struct MmaActs {
     u32 v[2][4];
+    MmaActScale s;
 };
-__device__ __forceinline__ void mma_acts_load(MmaActs& a, const Acts& x, u32 xq, int grp) {
+__device__ __forceinline__ void mma_acts_load(MmaActs& a, const Acts& x, u32 xq, u32 xs,
+                                              int grp, int t) {
     const i8* q = x.q + xq + grp * 128;
     words(__ldg((const uint4*)q), a.v[0]);
     words(__ldg((const uint4*)(q + 64)), a.v[1]);
+    a.s = __ldg((const MmaActScale*)(x.s + xs + 4 * grp + t));
 }
 __device__ __forceinline__ void mma_acts_ready(MmaActs& a, int t) {
     quad_transpose(a.v[0], t);
@@ -1379,6 +1388,10 @@ __device__ __forceinline__ void mma_acts_ready(MmaActs& a, int t) {
 __device__ __forceinline__ u32 mma_word(const MmaActs& a, int blk, int hw) {
     return a.v[blk >> 1][2 * (blk & 1) + hw];
 }
+// Value v of token 2t + i's factors of block blk (held by lane 4·(2t + i) + blk).
+__device__ __forceinline__ float mma_factor(float v, int blk, int t, int i) {
+    return __shfl_sync(FULL_MASK, v, 8 * t + 4 * i + blk);
+}
 
 // A 32-value k-step's B fragment (block blk: words t and 4 + t of token g) and the activation
 // factors {d_a, d_a·Σq} of tokens 2t and 2t + 1.
@@ -1386,12 +1399,11 @@ struct MmaB32 {
     u32 b0, b1;
     float2 s0, s1;
 };
-__device__ __forceinline__ void mma_b(MmaB32& b, const MmaActs& a, const Acts& x,
-                                      const u32 (&xs)[2], int grp, int blk) {
+__device__ __forceinline__ void mma_b(MmaB32& b, const MmaActs& a, int blk, int t) {
     b.b0 = mma_word(a, blk, 0);
     b.b1 = mma_word(a, blk, 1);
-    b.s0 = __ldg((const float2*)(x.s + xs[0] + 4 * grp + blk));
-    b.s1 = __ldg((const float2*)(x.s + xs[1] + 4 * grp + blk));
+    b.s0 = make_float2(mma_factor(a.s.x, blk, t, 0), mma_factor(a.s.y, blk, t, 0));
+    b.s1 = make_float2(mma_factor(a.s.x, blk, t, 1), mma_factor(a.s.y, blk, t, 1));
 }
 __device__ __forceinline__ void mma_mul(float (&c)[4], const u32 (&a)[4], const MmaB32& b) {
     mma_s8(c, a, b.b0, b.b1);
@@ -1401,13 +1413,14 @@ struct MmaB16 {
     u32 b0;
     float2 s0, s1;
 };
-__device__ __forceinline__ void mma_b(MmaB16& b, const MmaActs& a, const Acts& x,
-                                      const u32 (&xs)[2], int grp, int blk, int h) {
+#if QTYPE == GGML_Q6_K
+__device__ __forceinline__ void mma_b(MmaB16& b, const MmaActs& a, int blk, int h, int t) {
     b.b0 = mma_word(a, blk, h);
-    const float4 s0 = __ldg(x.s + xs[0] + 4 * grp + blk), s1 = __ldg(x.s + xs[1] + 4 * grp + blk);
-    b.s0 = make_float2(s0.x, h ? s0.w : s0.z);
-    b.s1 = make_float2(s1.x, h ? s1.w : s1.z);
+    const float sum = h ? a.s.w : a.s.z;
+    b.s0 = make_float2(mma_factor(a.s.x, blk, t, 0), mma_factor(sum, blk, t, 0));
+    b.s1 = make_float2(mma_factor(a.s.x, blk, t, 1), mma_factor(sum, blk, t, 1));
 }
+#endif
 __device__ __forceinline__ void mma_mul(float (&c)[4], const u32 (&a)[2], const MmaB16& b) {
     mma_s8_k16(c, a, b.b0);
 }
@@ -1422,9 +1435,8 @@ __device__ __forceinline__ void mma_mul(float (&c)[4], const u32 (&a)[2], const 
 #define MMA_STEPS 4
 typedef MmaB32 MmaB;
 typedef u32 MmaA[4];
-__device__ __forceinline__ void mma_b_of(MmaB& b, const MmaActs& a, const Acts& x,
-                                         const u32 (&xs)[2], int grp, int j) {
-    mma_b(b, a, x, xs, grp, j);
+__device__ __forceinline__ void mma_b_of(MmaB& b, const MmaActs& a, int j, int t) {
+    mma_b(b, a, j, t);
 }
 #endif
 #if QTYPE == GGML_Q4_0
@@ -1506,9 +1518,8 @@ __device__ __forceinline__ float mma_term(float2 w, float2 s, float c) {
 #define MMA_STEPS 8
 typedef MmaB16 MmaB;
 typedef u32 MmaA[2];
-__device__ __forceinline__ void mma_b_of(MmaB& b, const MmaActs& a, const Acts& x,
-                                         const u32 (&xs)[2], int grp, int j) {
-    mma_b(b, a, x, xs, grp, j >> 1, j & 1);
+__device__ __forceinline__ void mma_b_of(MmaB& b, const MmaActs& a, int j, int t) {
+    mma_b(b, a, j >> 1, j & 1, t);
 }
 struct MmaRow {
     u32 ql[4], qh[4];
@@ -1556,7 +1567,7 @@ __device__ __forceinline__ float mma_tiles(const QMatrix (&mat)[MT], const int (
     const int agroups = x.cols / 32, groups = x.cols / 128;
     // Offsets from the matrices and the activations, 32-bit to save registers (a matrix has
     // fewer than 2^32 blocks): the first block of each of the lane's rows, the first level of its
-    // tokens of B and the first group of its tokens of C.
+    // token of B and the first group of its token's factors.
     u32 rblk[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
@@ -1565,12 +1576,11 @@ __device__ __forceinline__ float mma_tiles(const QMatrix (&mat)[MT], const int (
             rblk[mt][h] = (u32)min(row0[mt] + g + 8 * h, mat[mt].rows - 1) * (x.cols / QK);
         }
     }
-    u32 xq[NT], xs[NT][2];
+    u32 xq[NT], xs[NT];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
         xq[nt] = (u32)min(8 * nt + g, m - 1) * x.cols + 16 * t;
-#pragma unroll
-        for (int i = 0; i < 2; i++) xs[nt][i] = (u32)min(8 * nt + 2 * t + i, m - 1) * agroups;
+        xs[nt] = (u32)min(8 * nt + g, m - 1) * agroups;
     }
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
@@ -1595,7 +1605,7 @@ __device__ __forceinline__ float mma_tiles(const QMatrix (&mat)[MT], const int (
     for (int grp = warp; grp < groups; grp += MMA_WARPS) {
         MmaActs acts[NT];
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) mma_acts_load(acts[nt], x, xq[nt], grp);
+        for (int nt = 0; nt < NT; nt++) mma_acts_load(acts[nt], x, xq[nt], xs[nt], grp, t);
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
@@ -1609,7 +1619,7 @@ __device__ __forceinline__ float mma_tiles(const QMatrix (&mat)[MT], const int (
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 MmaB b;
-                mma_b_of(b, acts[nt], x, xs[nt], grp, j);
+                mma_b_of(b, acts[nt], j, t);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     MmaA a;

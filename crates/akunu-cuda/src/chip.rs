@@ -53,7 +53,9 @@ pub struct ChipConfig {
     /// Default 5: from 5 to 16 tokens they measured 1.2–2.1x faster than the `dp4a` products,
     /// at 4 no faster on large matrices (docs/perf/2026-11-24-batched-products-mma.md).
     pub gemv_mma_from: usize,
-    /// Weight rows per block of those products: 16 or 32 (Q6_K: always 16).
+    /// Weight rows per block of those products: 16 or 32 (Q6_K: always 16), or 0: 32 where
+    /// a launch still has two blocks an SM with them, else 16 (more blocks fill the GPU, fewer
+    /// share each activation load; docs/perf/2026-11-25-mma-activation-loads.md).
     pub gemv_mma_rows: usize,
     /// Single-token decode folds each block's residual add and the next RMSNorm into the
     /// output projection before it (`matmul::gemv_residual_norm`), where the block has no
@@ -194,10 +196,10 @@ impl ChipConfig {
             gemv_max_m: env_override("gemv_max_m", crate::matmul::MAX_M)
                 .clamp(1, crate::matmul::MAX_M),
             gemv_mma_from: env_override("gemv_mma_from", 5),
-            gemv_mma_rows: if env_override("gemv_mma_rows", 32) <= 16 {
-                16
-            } else {
-                32
+            gemv_mma_rows: match env_override("gemv_mma_rows", 0) {
+                0 => 0,
+                r if r <= 16 => 16,
+                _ => 32,
             },
             gemv_norm: env_override("gemv_norm", 2).min(if major >= 9 { 4 } else { 1 }),
             gemv_norm_split_bytes: env_override("gemv_norm_split_bytes", 2 << 20),

@@ -375,6 +375,10 @@ fn split_configs(gpu: &Arc<Gpu>) -> Vec<(MatmulKernels, &'static str)> {
             "batches on tensor cores, 16 rows a block",
         ),
         (
+            kernels(gpu).with_mma(2, 32),
+            "batches on tensor cores, 32 rows a block",
+        ),
+        (
             kernels(gpu)
                 .with_split(4, 0)
                 .with_grid_cap(GridCap::Waves(0)),
@@ -1320,6 +1324,10 @@ fn gemv_bandwidth() {
         (
             "mma r16",
             MatmulKernels::new(&gpu, &types).unwrap().with_mma(2, 16),
+        ),
+        (
+            "mma r32",
+            MatmulKernels::new(&gpu, &types).unwrap().with_mma(2, 32),
         ),
     ];
     // 8B q/o, k/v, down and a gate-sized matrix; the 0.6B q and down; the vocabularies of
