@@ -20,9 +20,10 @@
 //!   read serves all m tokens at the speed of memory; F32, F16 and BF16 weights use the f32
 //!   inputs. Batches of 5 to 16 tokens over Q4_0, Q4_K and Q6_K rows (a multiple of 128
 //!   values) run on tensor cores instead (`mma.sync` int8, a k-step per run of values with one
-//!   scale, the chip config's `gemv_mma_from`), where the `dp4a` products are bound by their
-//!   dot products and repeated activation loads. [`gemv_many`] runs up to three products of one
-//!   input (q, k and v) in one launch, so the small ones do not each pay a launch and a ramp.
+//!   scale, the chip config's `gemv_mma_from`; 16 or 32 rows a block by the launch's size),
+//!   where the `dp4a` products are bound by their dot products and repeated activation loads.
+//!   [`gemv_many`] runs up to three products of one input (q, k and v) in one launch, so the
+//!   small ones do not each pay a launch and a ramp.
 //!   [`gemv_gated`] computes `act(gate·x) * (up·x)` in one launch. [`embed`] gathers
 //!   dequantized rows; [`embed_norm`] also applies the first RMSNorm and writes its int8 form,
 //!   so a pass starts with one launch before its first products.
