@@ -1285,10 +1285,11 @@ fn every_module_variant_compiles() {
 
 /// Decode-sized products timed in a CUDA graph, weights rotated through enough copies to
 /// defeat the L2 cache; each line times the launch shapes the chip config picks against one
-/// block per row group (rows never split over warps, no grid cap) and against blocks of 8
-/// warps, in the same run. Lines marked `gated` time the gated product of two such matrices
-/// (the bandwidth counts both). `cargo test
-/// --release -p akunu-cuda --test matmul -- --ignored --nocapture gemv_bandwidth`
+/// block per row group (rows never split over warps, no grid cap), blocks of 8 warps, batches
+/// without tensor cores and batches on them from 2 tokens at 16 and at 32 rows a block, in
+/// the same run. Lines marked `gated` time the gated product of two such matrices (the
+/// bandwidth counts both). `cargo test --release -p akunu-cuda --test matmul -- --ignored
+/// --nocapture gemv_bandwidth`
 #[test]
 #[ignore]
 fn gemv_bandwidth() {
@@ -1358,6 +1359,8 @@ fn gemv_bandwidth() {
             for (m, gated) in [
                 (1, false),
                 (1, true),
+                (2, false),
+                (3, false),
                 (4, false),
                 (8, false),
                 (16, false),
