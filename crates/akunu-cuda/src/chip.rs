@@ -196,11 +196,7 @@ impl ChipConfig {
             gemv_max_m: env_override("gemv_max_m", crate::matmul::MAX_M)
                 .clamp(1, crate::matmul::MAX_M),
             gemv_mma_from: env_override("gemv_mma_from", 5),
-            gemv_mma_rows: match env_override("gemv_mma_rows", 0) {
-                0 => 0,
-                r if r <= 16 => 16,
-                _ => 32,
-            },
+            gemv_mma_rows: crate::matmul::mma_rows_setting(env_override("gemv_mma_rows", 0)),
             gemv_norm: env_override("gemv_norm", 2).min(if major >= 9 { 4 } else { 1 }),
             gemv_norm_split_bytes: env_override("gemv_norm_split_bytes", 2 << 20),
             gemv_norm_quant: env_override("gemv_norm_quant", 16384),

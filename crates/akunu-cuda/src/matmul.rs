@@ -387,6 +387,16 @@ const MMA_COLS: usize = 128;
 /// Warps per block of the tensor-core products (`MMA_WARPS` in `kernels/gemv.cu`).
 const MMA_WARPS: usize = 8;
 
+/// A setting of the tensor-core products' weight rows per block as the kernels have them: 0
+/// (by the launch's size, [`MatmulKernels::mma_block_rows`]), else 16 up to 16, else 32.
+pub(crate) fn mma_rows_setting(rows: usize) -> usize {
+    match rows {
+        0 => 0,
+        1..=16 => 16,
+        _ => 32,
+    }
+}
+
 /// The compiled kernels for a set of weight types.
 pub struct MatmulKernels {
     types: Vec<TypeKernels>,
@@ -542,11 +552,7 @@ impl MatmulKernels {
     /// products, `rows` (16 or 32; 0: by the launch) weight rows to a block.
     pub fn with_mma(mut self, from: usize, rows: usize) -> MatmulKernels {
         self.mma_from = from;
-        self.mma_rows = match rows {
-            0 => 0,
-            1..=16 => 16,
-            _ => 32,
-        };
+        self.mma_rows = mma_rows_setting(rows);
         self
     }
 

@@ -364,8 +364,8 @@ fn products_of_one_launch_match_reference() {
 /// The kernels as the chip config launches them; with rows' columns never split, on one
 /// block per row group and on a grid of 3 blocks (so each warp walks several row groups and
 /// the last round is partial); split over as many of 8 warps as the row length allows; and
-/// batches on the int8 dot products instead of tensor cores, or on tensor cores with 16 rows
-/// a block.
+/// batches on the int8 dot products instead of tensor cores, or on tensor cores from 2 tokens
+/// with 16 or with 32 rows a block.
 fn split_configs(gpu: &Arc<Gpu>) -> Vec<(MatmulKernels, &'static str)> {
     vec![
         (kernels(gpu), "default blocks"),
