@@ -53,6 +53,10 @@ pub struct ChipConfig {
     /// Default 5: from 5 to 16 tokens they measured 1.2–2.1x faster than the `dp4a` products,
     /// at 4 no faster on large matrices (docs/perf/2026-11-24-batched-products-mma.md).
     pub gemv_mma_from: usize,
+    /// Below `gemv_mma_from`, the smallest batch whose products run on tensor cores where the
+    /// launch suits them (`MatmulKernels::mma_for`: the layers' matrices, not the vocabulary;
+    /// Q4_K's plain products from one token more); 0: none. Default 3.
+    pub gemv_mma_small_from: usize,
     /// Weight rows per block of those products: 16 or 32 (Q6_K: always 16), or 0: 32 where
     /// a launch still has two blocks an SM with them, else 16 (more blocks fill the GPU, fewer
     /// share each activation load; docs/perf/2026-11-25-mma-activation-loads.md).
@@ -196,6 +200,7 @@ impl ChipConfig {
             gemv_max_m: env_override("gemv_max_m", crate::matmul::MAX_M)
                 .clamp(1, crate::matmul::MAX_M),
             gemv_mma_from: env_override("gemv_mma_from", 5),
+            gemv_mma_small_from: env_override("gemv_mma_small_from", 3),
             gemv_mma_rows: crate::matmul::mma_rows_setting(env_override("gemv_mma_rows", 0)),
             gemv_norm: env_override("gemv_norm", 2).min(if major >= 9 { 4 } else { 1 }),
             gemv_norm_split_bytes: env_override("gemv_norm_split_bytes", 2 << 20),

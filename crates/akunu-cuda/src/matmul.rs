@@ -19,8 +19,9 @@
 //! - [`gemv`] multiplies with `__dp4a` (four int8 products per instruction) so that one weight
 //!   read serves all m tokens at the speed of memory; F32, F16 and BF16 weights use the f32
 //!   inputs. Batches of 5 to 16 tokens over Q4_0, Q4_K and Q6_K rows (a multiple of 128
-//!   values) run on tensor cores instead (`mma.sync` int8, a k-step per run of values with one
-//!   scale, the chip config's `gemv_mma_from`; 16 or 32 rows a block by the launch's size),
+//!   values), and of 3 or 4 over the layers' matrices, run on tensor cores instead (`mma.sync`
+//!   int8, a k-step per run of values with one scale, the chip config's `gemv_mma_from` and
+//!   `gemv_mma_small_from`; 16 or 32 rows a block by the launch's size),
 //!   where the `dp4a` products are bound by their dot products and repeated activation loads.
 //!   [`gemv_many`] runs up to three products of one input (q, k and v) in one launch, so the
 //!   small ones do not each pay a launch and a ramp.
@@ -305,6 +306,7 @@ pub fn modules_for(types: &[GgmlType]) -> Vec<ModuleSpec> {
 }
 
 /// The kernels of one weight type.
+#[derive(Clone)]
 struct TypeKernels {
     ty: GgmlType,
     /// `gemv_m{1,2,4,8,16}`.
@@ -336,6 +338,7 @@ struct TypeKernels {
 /// One type's tensor-core products, indexed by tiles of 8 tokens − 1: `gemv_mma_n{1,2}_r16`,
 /// and `gemv_mma_n{1,2}_r32` with `gemv_gated_mma_n{1,2}` where the type has them (not Q6_K:
 /// they would spill).
+#[derive(Clone)]
 struct MmaKernels {
     r16: [Kernel; 2],
     r32_gated: Option<([Kernel; 2], [Kernel; 2])>,
@@ -387,6 +390,11 @@ const MMA_COLS: usize = 128;
 /// Warps per block of the tensor-core products (`MMA_WARPS` in `kernels/gemv.cu`).
 const MMA_WARPS: usize = 8;
 
+/// Waves of 16-row blocks (at two an SM) up to which batches below the chip config's
+/// `gemv_mma_from` may take the tensor-core products: the layers' matrices (14,336 rows: 3.4
+/// waves on 132 SMs), not the vocabulary (128,256: 30).
+const MMA_SMALL_WAVES: usize = 8;
+
 /// A setting of the tensor-core products' weight rows per block as the kernels have them: 0
 /// (by the launch's size, [`MatmulKernels::mma_block_rows`]), else 16 up to 16, else 32.
 pub(crate) fn mma_rows_setting(rows: usize) -> usize {
@@ -398,6 +406,7 @@ pub(crate) fn mma_rows_setting(rows: usize) -> usize {
 }
 
 /// The compiled kernels for a set of weight types.
+#[derive(Clone)]
 pub struct MatmulKernels {
     types: Vec<TypeKernels>,
     /// The activation quantizer; present when any type is quantized.
@@ -424,6 +433,9 @@ pub struct MatmulKernels {
     mma_from: usize,
     mma_rows: usize,
     mma_fill: usize,
+    /// The smallest batch below `mma_from` that takes the tensor-core products in launches
+    /// of few rows ([`MatmulKernels::mma_for`]; 0: none).
+    mma_small_from: usize,
 }
 
 /// How many blocks a single-token product with unsplit rows launches at most; its warps then
@@ -509,6 +521,7 @@ impl MatmulKernels {
             mma_from: gpu.chip.gemv_mma_from,
             mma_rows: gpu.chip.gemv_mma_rows,
             mma_fill: 2 * gpu.chip.sm_count,
+            mma_small_from: gpu.chip.gemv_mma_small_from,
         };
         let fill = gpu.chip.sm_count * gpu.chip.gemv_fill_warps;
         let mut kernels = kernels.with_split(gpu.chip.gemv_warps, fill);
@@ -569,11 +582,53 @@ impl MatmulKernels {
     }
 
     /// The tensor-core products of a batch of `m` over `cols`-wide rows of `tk`'s type, where
-    /// they apply.
-    fn mma_for<'a>(&self, tk: &'a TypeKernels, m: usize, cols: usize) -> Option<&'a MmaKernels> {
-        tk.mma
-            .as_ref()
-            .filter(|_| self.mma_from > 0 && m >= self.mma_from && cols.is_multiple_of(MMA_COLS))
+    /// they apply: from `mma_from` tokens, and from `mma_small_from` in launches that suit
+    /// them (`rows`: a plain launch's rows, or a gated product's per matrix). Measured at 3 and
+    /// 4 tokens (docs/perf/2026-11-25-mma-small-batches.md): plain products 0.65–0.99x the
+    /// `dp4a` time on the layers' matrices but 1.12–1.42x on the vocabulary, so at most
+    /// [`MMA_SMALL_WAVES`] waves of 16-row blocks, and Q4_K's only from one token more (0.98–1.16x
+    /// at 3); gated products 0.57–0.97x where their blocks (16 rows of each matrix) give at
+    /// least half the SMs one, up to 1.39x at 1,024 rows.
+    fn mma_for<'a>(
+        &self,
+        tk: &'a TypeKernels,
+        m: usize,
+        (rows, gated): (usize, bool),
+        cols: usize,
+    ) -> Option<&'a MmaKernels> {
+        let small = self.mma_small_from > 0
+            && m >= self.mma_small_from
+            && if gated {
+                // `mma_fill` is two blocks an SM.
+                4 * rows.div_ceil(16) >= self.mma_fill
+            } else {
+                (tk.ty != GgmlType::Q4_K || m > self.mma_small_from)
+                    && rows.div_ceil(16) <= MMA_SMALL_WAVES * self.mma_fill
+            };
+        tk.mma.as_ref().filter(|_| {
+            self.mma_from > 0 && (m >= self.mma_from || small) && cols.is_multiple_of(MMA_COLS)
+        })
+    }
+
+    /// Whether a product of a batch of `m` over a `rows` × `cols` matrix of type `ty` (with
+    /// `gated`, a gated product over two) runs on tensor cores. Plain and gated products of
+    /// the same matrices may differ (their rules: `mma_for`).
+    pub fn on_tensor_cores(
+        &self,
+        ty: GgmlType,
+        m: usize,
+        (rows, cols): (usize, usize),
+        gated: bool,
+    ) -> bool {
+        let mma = self
+            .of(ty)
+            .ok()
+            .and_then(|tk| self.mma_for(tk, m, (rows, gated), cols));
+        match mma {
+            Some(mk) if gated => mk.gated(m).is_some(),
+            Some(_) => true,
+            None => false,
+        }
     }
 
     /// The same kernels with the streamed products' grid capped at `cap`.
@@ -1153,7 +1208,7 @@ fn launch_gemv(
     }
     let all_rows = parts.iter().map(|p| p.w.rows).sum();
     let mma = k
-        .mma_for(tk, m, cols)
+        .mma_for(tk, m, (all_rows, false), cols)
         .map(|mk| mk.plain(m, k.mma_block_rows(all_rows)));
     let ks = match mma {
         Some(_) => 1,
@@ -1486,7 +1541,10 @@ pub fn gemv_gated(
     let v = variant(m);
     let [data, aux, rows, cols] = w_gate.args();
     let [data2, aux2, _, _] = w_up.args();
-    let (kernel, grid, warps, ks) = match k.mma_for(tk, m, w_gate.cols).and_then(|mk| mk.gated(m)) {
+    let (kernel, grid, warps, ks) = match k
+        .mma_for(tk, m, (w_gate.rows, true), w_gate.cols)
+        .and_then(|mk| mk.gated(m))
+    {
         Some(kernel) => (kernel, w_gate.rows.div_ceil(16), MMA_WARPS, 1),
         None => {
             let warps = k.block_warps(w_gate.ty, M_VARIANTS[v], w_gate.cols) as usize;

@@ -490,11 +490,16 @@ fn gated_cases(gpu: &Arc<Gpu>, k: &MatmulKernels) {
             let out = poisoned(gpu, m, out_stride);
             matmul::gemv_gated(gpu, k, &gate, &up, &acts, m, out.ptr(), out_stride, act).unwrap();
             // The same prepared input serves plain products afterwards (as q, k and v share
-            // one): the gate and up products alone.
+            // one): the gate and up products alone, on the fused launch's path (tensor cores
+            // or not; the plain products' own rule may pick the other).
+            let on = |gated| k.on_tensor_cores(tg, m, (rows, cols), gated);
+            let alone = (tg == tu && on(true) != on(false))
+                .then(|| k.clone().with_mma(if on(true) { m } else { 0 }, 0));
+            let ka = alone.as_ref().unwrap_or(k);
             let yg = poisoned(gpu, m, rows);
             let yu = poisoned(gpu, m, rows);
-            matmul::gemv(gpu, k, &gate, &acts, m, yg.ptr(), rows, None).unwrap();
-            matmul::gemv(gpu, k, &up, &acts, m, yu.ptr(), rows, None).unwrap();
+            matmul::gemv(gpu, ka, &gate, &acts, m, yg.ptr(), rows, None).unwrap();
+            matmul::gemv(gpu, ka, &up, &acts, m, yu.ptr(), rows, None).unwrap();
             gpu.sync().unwrap();
             let what = format!("gated {tg}/{tu} {rows}x{cols} m={m} {act:?}");
             for (y, ty, sim, ex, name) in [
@@ -1360,8 +1365,11 @@ fn gemv_bandwidth() {
                 (1, false),
                 (1, true),
                 (2, false),
+                (2, true),
                 (3, false),
+                (3, true),
                 (4, false),
+                (4, true),
                 (8, false),
                 (16, false),
                 (16, true),
