@@ -22,9 +22,9 @@
 // butterfly, and across the group's warps through shared memory. The host splits a row's
 // columns over several warps when there are too few rows to fill the GPU (a 1024-row
 // projection has 512 row pairs: four warps per SM), so every SM keeps enough weight bytes in
-// flight. With more rows than the GPU holds at once, the m = 1 products run on a grid capped at
-// what is resident, and each warp streams its row groups one after another without letting its
-// loads drain (stream_m1).
+// flight. With more rows than the GPU holds at once, the products of 1 and 2 tokens run on a
+// grid capped at what is resident, and each warp streams its row groups one after another
+// without letting its loads drain (stream_rows).
 #include "actq.cuh"
 
 #ifndef QTYPE
@@ -898,7 +898,7 @@ __device__ __forceinline__ const GemvPart& part_of(const GemvParams& P, int b) {
     return j == 0 ? P.part[0] : (j == 1 ? P.part[1] : P.part[2]);
 }
 
-// Chunks in flight per lane in stream_m1: UNROLL, fewer where the ring beside row_dots in one
+// Chunks in flight per lane in stream_rows: UNROLL, fewer where the ring beside row_dots in one
 // kernel would spill (IQ4_NL at 80 registers; Q3_K, whose chunk alone takes 12 registers,
 // keeps an 8-byte spill in its plain product even so). Fewer slots measured faster in decode,
 // the fewer loads in flight notwithstanding: Q4_0 keeps three (at 64 registers, its gated
@@ -915,16 +915,18 @@ __device__ __forceinline__ const GemvPart& part_of(const GemvParams& P, int b) {
 #define RING UNROLL
 #endif
 
-// m = 1 with unsplit rows, streamed: the warp's row groups are those of blocks blockIdx.x,
-// blockIdx.x + gridDim.x, ... of `blocks` (the host caps the grid at what is resident at once,
-// so each warp walks several), each read in `per` chunks per lane (the last ones may lie past
-// the row). The RING slots of a lane form a ring: a slot is reloaded as soon as its chunk is
-// used, with the lane's next chunk of the same row group or of its next one, so the weight
-// stream does not drain while the warp computes, reduces and stores. `job.rows(b, mat, row)`
-// names the NR rows the warp reads for block b; `job.store(b, s, lane)` stores after the
-// warp's reduction, s holding in lane r << (5 - log2 NR) the total of row r.
-template <int NR, class Job>
-__device__ __forceinline__ void stream_m1(const Job& job, const Acts& x, int blocks, int early) {
+// Unsplit rows, streamed, for up to M tokens (m of them): the warp's row groups are those of
+// blocks blockIdx.x, blockIdx.x + gridDim.x, ... of `blocks` (the host caps the grid at what is
+// resident at once, so each warp walks several), each read in `per` chunks per lane (the last
+// ones may lie past the row). The RING slots of a lane form a ring: a slot is reloaded as soon
+// as its chunk is used, with the lane's next chunk of the same row group or of its next one, so
+// the weight stream does not drain while the warp computes, reduces and stores.
+// `job.rows(b, mat, row)` names the NR rows the warp reads for block b; `job.store(b, s, lane)`
+// stores after the warp's reduction, s holding in lane i << (5 - log2(NR·M)) the total of row
+// i / M for token i % M.
+template <int M, int NR, class Job>
+__device__ __forceinline__ void stream_rows(const Job& job, const Acts& x, int m, int blocks,
+                                            int early) {
     const int lane = threadIdx.x & 31;
     const int nch = x.cols / CV;
     const int per = (nch + 31) / 32;
@@ -952,25 +954,30 @@ __device__ __forceinline__ void stream_m1(const Job& job, const Acts& x, int blo
     });
     const float scale = norm_scale(x);
     int ck = 0, cb = blockIdx.x;
-    float acc[NR];
+    float acc[NR * M];
 #pragma unroll
-    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+    for (int i = 0; i < NR * M; i++) acc[i] = 0.0f;
     for (int i0 = 0; i0 < total; i0 += RING) {
 #pragma unroll
         for (int u = 0; u < RING; u++) {
             if (i0 + u < total) {
                 const int ch = lane + 32 * ck;
                 if (ch < nch) {
-                    A a;
-                    load_a(a, x, 0, ch);
 #pragma unroll
-                    for (int r = 0; r < NR; r++) acc[r] += dot(w[u][r], a);
+                    for (int t = 0; t < M; t++) {
+                        if (t < m) {
+                            A a;
+                            load_a(a, x, t, ch);
+#pragma unroll
+                            for (int r = 0; r < NR; r++) acc[r * M + t] += dot(w[u][r], a);
+                        }
+                    }
                 }
                 refill(w[u]);
                 if (++ck == per) {
-                    job.store(cb, reduce_values<NR>(acc, lane) * scale, lane);
+                    job.store(cb, reduce_values<NR * M>(acc, lane) * scale, lane);
 #pragma unroll
-                    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+                    for (int i = 0; i < NR * M; i++) acc[i] = 0.0f;
                     ck = 0;
                     cb += gridDim.x;
                 }
@@ -979,46 +986,57 @@ __device__ __forceinline__ void stream_m1(const Job& job, const Acts& x, int blo
     }
 }
 
-// The rows and stores of gemv_m1: block b of part j holds row groups of M1_ROWS rows.
+// The rows and stores of the streamed plain products: block b of part j holds row groups of
+// NR rows; M tokens.
+template <int M, int NR>
 struct PlainJob {
     const GemvParams& P;
     __device__ __forceinline__ int row0(const GemvPart& p, int b) const {
-        return split_of(b - p.first_block, 1).group * M1_ROWS;
+        return split_of(b - p.first_block, 1).group * NR;
     }
-    __device__ __forceinline__ void rows(int b, QMatrix (&mat)[M1_ROWS], int (&row)[M1_ROWS]) const {
+    __device__ __forceinline__ void rows(int b, QMatrix (&mat)[NR], int (&row)[NR]) const {
         const GemvPart& p = part_of(P, b);
         const int r0 = row0(p, b);
 #pragma unroll
-        for (int r = 0; r < M1_ROWS; r++) {
+        for (int r = 0; r < NR; r++) {
             mat[r] = {p.data, p.aux, p.rows, P.cols};
             row[r] = min(r0 + r, p.rows - 1);
         }
     }
     __device__ __forceinline__ void store(int b, float s, int lane) const {
-        constexpr int SH = 5 - Log2<M1_ROWS>::value;
+        constexpr int SH = 5 - Log2<NR * M>::value;
         const GemvPart& p = part_of(P, b);
-        const int row = row0(p, b) + (lane >> SH);
-        if ((lane & ((1 << SH) - 1)) == 0 && row < p.rows) {
-            store_plain(p.y + row, P.mode, s, p.bias, row);
+        const int i = lane >> SH, t = i % M;
+        const int row = row0(p, b) + i / M;
+        if ((lane & ((1 << SH) - 1)) == 0 && (M == 1 || t < P.m) && row < p.rows) {
+            store_plain(p.y + (size_t)t * p.y_stride + row, P.mode, s, p.bias, row);
         }
     }
 };
 
-// The rows and stores of gemv_gated_m1: block b's warps own one output row each.
+// The rows and stores of the streamed gated products: block b's warps own one output row each;
+// M tokens.
+template <int M>
 struct GatedJob {
     QMatrix gate, up;
     float* y;
-    int act;
+    int y_stride, m, act;
     __device__ __forceinline__ int row_of(int b) const { return split_of(b, 1).group; }
     __device__ __forceinline__ void rows(int b, QMatrix (&mat)[2], int (&row)[2]) const {
         mat[0] = gate;
         mat[1] = up;
         row[0] = row[1] = min(row_of(b), gate.rows - 1);
     }
+    // Token t's gate total and its up total end 16 lanes apart.
     __device__ __forceinline__ void store(int b, float s, int lane) const {
+        constexpr int SH = 5 - Log2<2 * M>::value;
         const float u = __shfl_down_sync(FULL_MASK, s, 16);
-        const int row = row_of(b);
-        if (lane == 0 && row < gate.rows) y[row] = activate(act, s) * u;
+        const int row = row_of(b), t = M == 1 ? 0 : lane >> SH;
+        const bool holder =
+            M == 1 ? lane == 0 : lane < 16 && (lane & ((1 << SH) - 1)) == 0 && t < m;
+        if (holder && row < gate.rows) {
+            y[(size_t)t * y_stride + row] = activate(act, s) * u;
+        }
     }
 };
 
@@ -1063,7 +1081,7 @@ struct GatedJob {
 // takes the batched walk of row_dots: with a single row group per warp the ring has nothing to
 // overlap, and its bookkeeping measured slower there (docs/perf/2026-11-22-gemv-streaming.md).
 // On a grid capped at what the GPU holds, each warp streams its row groups through the ring
-// (stream_m1): in this entry, or where STREAM_APART in gemv_m1_stream, whose register budget is
+// (stream_rows): in this entry, or where STREAM_APART in gemv_m1_stream, whose register budget is
 // then its own (Q4_0's fits 64 registers with its three ring slots: 32 warps an SM). The host's
 // `streams_apart` (matmul.rs) must agree.
 #define STREAM_APART (QTYPE == GGML_Q4_0)
@@ -1077,24 +1095,38 @@ extern "C" __global__ void __launch_bounds__(256, M1_MINB) gemv_m1(const GemvPar
                                   1, P.early);
         return;
     }
-    stream_m1<M1_ROWS>(PlainJob{P}, x, P.blocks, P.early);
+    stream_rows<1, M1_ROWS>(PlainJob<1, M1_ROWS>{P}, x, 1, P.blocks, P.early);
 }
 #if STREAM_APART
 extern "C" __global__ void __launch_bounds__(256, 4) gemv_m1_stream(const GemvParams P) {
-    stream_m1<M1_ROWS>(PlainJob{P}, acts_of(P), P.blocks, P.early);
+    stream_rows<1, M1_ROWS>(PlainJob<1, M1_ROWS>{P}, acts_of(P), 1, P.blocks, P.early);
 }
 #endif
-extern "C" __global__ void __launch_bounds__(256, M1_MINB_GATED)
-    gemv_gated_m1(const u8* __restrict__ data, const u8* __restrict__ aux, int rows, int cols,
-                  const u8* __restrict__ data2, const u8* __restrict__ aux2,
-                  const i8* __restrict__ aq, const float4* __restrict__ as,
-                  const float* __restrict__ xf, int x_stride, int m, float* __restrict__ y,
-                  int y_stride, int act, int ksplit, int early, const float* __restrict__ ssq,
-                  float eps) {
-    const Acts x = {aq, as, xf, cols, x_stride, ssq, eps};
-    const GatedJob job = {{data, aux, rows, cols}, {data2, aux2, rows, cols}, y, act};
-    stream_m1<2>(job, x, (rows + (blockDim.x >> 5) - 1) / (blockDim.x >> 5), early);
+// The streamed gated products of M tokens (the gated entries' parameters): every warp owns one
+// output row at a time.
+#define GATED_STREAM(NAME, M, MINB)                                                              \
+    extern "C" __global__ void __launch_bounds__(256, MINB)                                      \
+        NAME(const u8* __restrict__ data, const u8* __restrict__ aux, int rows, int cols,       \
+             const u8* __restrict__ data2, const u8* __restrict__ aux2,                         \
+             const i8* __restrict__ aq, const float4* __restrict__ as,                          \
+             const float* __restrict__ xf, int x_stride, int m, float* __restrict__ y,          \
+             int y_stride, int act, int ksplit, int early, const float* __restrict__ ssq,       \
+             float eps) {                                                                        \
+        const Acts x = {aq, as, xf, cols, x_stride, ssq, eps};                                   \
+        const int mt = M == 1 ? 1 : m;                                                           \
+        const GatedJob<M> job = {{data, aux, rows, cols}, {data2, aux2, rows, cols},             \
+                                 y, y_stride, mt, act};                                          \
+        stream_rows<M, 2>(job, x, mt, (rows + (blockDim.x >> 5) - 1) / (blockDim.x >> 5), early); \
+    }
+GATED_STREAM(gemv_gated_m1, 1, M1_MINB_GATED)
+// m = 2 on a grid capped at what the GPU holds, each warp streaming its row groups as m = 1
+// does: a block-per-group grid's warps own one or two rows and leave after one pass over them,
+// so on large matrices its launch is mostly block turnover
+// (docs/perf/2026-11-25-two-token-streams.md). Row groups of 2 rows, as gemv_m2's.
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_m2_stream(const GemvParams P) {
+    stream_rows<2, 2>(PlainJob<2, 2>{P}, acts_of(P), P.m, P.blocks, P.early);
 }
+GATED_STREAM(gemv_gated_m2_stream, 2, 2)
 // Where gemv_m1_norm leaves the residual stream and the next products' input.
 struct NormOut {
     float* residual;       // rows f32, updated in place

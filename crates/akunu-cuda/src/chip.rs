@@ -42,8 +42,8 @@ pub struct ChipConfig {
     /// start before they wait for the preceding one (under dependent launch): their own work
     /// after the wait is too short to cover the next kernel's start.
     pub gemv_narrow_release: bool,
-    /// The single-token products with unsplit rows launch at most this many times the blocks
-    /// the GPU holds at once, and their warps walk the rest (0: one block per row group).
+    /// The products of one and two tokens with unsplit rows launch at most this many times the
+    /// blocks the GPU holds at once, and their warps walk the rest (0: one block per row group).
     pub gemv_waves: usize,
     /// Largest batch served by the GEMV kernels; larger batches use the tiled GEMM.
     pub gemv_max_m: usize,

@@ -30,9 +30,9 @@
 //!   so a pass starts with one launch before its first products.
 //! - A launch gives each row group (one warp's rows) several warps, each taking a share of the
 //!   row's columns, when its matrices have too few rows to fill the GPU (see `ksplit`).
-//! - The single-token products with unsplit rows run on a grid capped at what the GPU holds at
-//!   once ([`GridCap`]): each warp walks several row groups and keeps its weight loads in
-//!   flight from one to the next.
+//! - The products of one and two tokens with unsplit rows run on a grid capped at what the GPU
+//!   holds at once ([`GridCap`]): each warp walks several row groups and keeps its weight loads
+//!   in flight from one to the next.
 //! - [`MatmulKernels`] resolves every kernel of the weight types in use once; launches only pass
 //!   pointers and sizes, so they can be captured in a CUDA graph.
 
@@ -316,6 +316,10 @@ struct TypeKernels {
     /// `gemv_m1_stream` where the type streams apart ([`streams_apart`]): m = 1 on a capped
     /// grid, warps streaming row groups; without it `gemv_m1` does both walks.
     gemv_stream: Option<Kernel>,
+    /// `gemv_m2_stream` and `gemv_gated_m2_stream`: m = 2 on a capped grid, warps streaming
+    /// row groups as m = 1's do.
+    gemv_m2_stream: Kernel,
+    gated_m2_stream: Kernel,
     /// `gemv_m1_split` and `gemv_gated_m1_split`: m = 1 with rows split over warps.
     gemv_split: Kernel,
     gated_split: Kernel,
@@ -342,6 +346,20 @@ struct TypeKernels {
 struct MmaKernels {
     r16: [Kernel; 2],
     r32_gated: Option<([Kernel; 2], [Kernel; 2])>,
+}
+
+impl TypeKernels {
+    /// The streaming entry of batch variant `v` (plain or gated), where it has its own: m = 1's
+    /// plain one where the type streams apart ([`streams_apart`]; m = 1's other entries stream
+    /// themselves on a capped grid), m = 2's both.
+    fn stream(&self, v: usize, gated: bool) -> Option<&Kernel> {
+        match (M_VARIANTS[v], gated) {
+            (1, false) => self.gemv_stream.as_ref(),
+            (2, false) => Some(&self.gemv_m2_stream),
+            (2, true) => Some(&self.gated_m2_stream),
+            _ => None,
+        }
+    }
 }
 
 impl MmaKernels {
@@ -438,8 +456,8 @@ pub struct MatmulKernels {
     mma_small_from: usize,
 }
 
-/// How many blocks a single-token product with unsplit rows launches at most; its warps then
-/// walk the row groups of the blocks beyond.
+/// How many blocks a product of one or two tokens with unsplit rows launches at most; its warps
+/// then walk the row groups of the blocks beyond.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GridCap {
     /// This many times the blocks resident on the GPU at once (0: one block per row group).
@@ -490,6 +508,8 @@ impl MatmulKernels {
                 gemv_stream: streams_apart(ty)
                     .then(|| gpu.kernel("gemv.cu", "gemv_m1_stream", &defines))
                     .transpose()?,
+                gemv_m2_stream: gpu.kernel("gemv.cu", "gemv_m2_stream", &defines)?,
+                gated_m2_stream: gpu.kernel("gemv.cu", "gemv_gated_m2_stream", &defines)?,
                 gemv_split: gpu.kernel("gemv.cu", "gemv_m1_split", &defines)?,
                 gated_split: gpu.kernel("gemv.cu", "gemv_gated_m1_split", &defines)?,
                 norm: norm_kernel("gemv_m1_norm", chip.gemv_norm > 0)?,
@@ -639,9 +659,9 @@ impl MatmulKernels {
 
     /// The kernel and grid of a product of `blocks` blocks of `warps` warps in batch variant `v`
     /// with `ks` warps per row group (`entries`: the split entry, the variants' entries and the
-    /// m = 1 streaming entry where it has its own): the split entry; the variant's entry with a
-    /// block per row group where the grid cap allows them all; else the streaming entry (the
-    /// variant's own without one) on the capped grid.
+    /// variant's streaming entry where it has its own): the split entry; the variant's entry
+    /// with a block per row group where the grid cap allows them all; else the streaming entry
+    /// on the capped grid (m = 1 without one: its own entry streams).
     fn launch_shape<'a>(
         &self,
         gpu: &Gpu,
@@ -664,7 +684,7 @@ impl MatmulKernels {
             }
             .max(1))
         };
-        if v != 0 || self.cap == GridCap::Waves(0) {
+        if self.cap == GridCap::Waves(0) || (v != 0 && stream.is_none()) {
             return Ok((k, blocks));
         }
         let cap_k = cap(k)?;
@@ -1241,7 +1261,7 @@ fn launch_gemv(
     }
     let (kernel, grid) = k.launch_shape(
         gpu,
-        (&tk.gemv_split, &tk.gemv, tk.gemv_stream.as_ref()),
+        (&tk.gemv_split, &tk.gemv, tk.stream(v, false)),
         v,
         ks,
         blocks,
@@ -1559,7 +1579,7 @@ pub fn gemv_gated(
             let blocks = w_gate.rows.div_ceil(warps / ks);
             let (kernel, grid) = k.launch_shape(
                 gpu,
-                (&tk.gated_split, &tk.gated, None),
+                (&tk.gated_split, &tk.gated, tk.stream(v, true)),
                 v,
                 ks,
                 blocks,

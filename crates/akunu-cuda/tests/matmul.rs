@@ -211,6 +211,7 @@ fn shapes(ty: GgmlType) -> Vec<(usize, usize, usize)> {
         (20, 5120, 8),
         (3, 768, 13),
         (17, 2304, 16),
+        (131, 2304, 2),
         (64, 1280, 1),
     ];
     if ty.block_size() == 32 || !ty.is_quantized() {
@@ -437,9 +438,15 @@ fn gated_cases(gpu: &Arc<Gpu>, k: &MatmulKernels) {
     pairs.push((GgmlType::Q4_K, GgmlType::Q6_K));
     pairs.push((GgmlType::Q8_0, GgmlType::F16));
     for (i, &(tg, tu)) in pairs.iter().enumerate() {
-        for (j, &(rows, cols, m)) in [(19, 512, 1), (130, 2304, 4), (7, 4096, 13), (33, 1024, 16)]
-            .iter()
-            .enumerate()
+        for (j, &(rows, cols, m)) in [
+            (19, 512, 1),
+            (67, 2304, 2),
+            (130, 2304, 4),
+            (7, 4096, 13),
+            (33, 1024, 16),
+        ]
+        .iter()
+        .enumerate()
         {
             let act = if (i + j) % 2 == 0 {
                 Activation::Silu
