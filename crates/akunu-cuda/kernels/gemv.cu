@@ -1120,12 +1120,16 @@ extern "C" __global__ void __launch_bounds__(256, 4) gemv_m1_stream(const GemvPa
     }
 GATED_STREAM(gemv_gated_m1, 1, M1_MINB_GATED)
 // m = 2 on a grid capped at what the GPU holds, each warp streaming its row groups as m = 1
-// does: a block-per-group grid's warps own one or two rows and leave after one pass over them,
-// so on large matrices its launch is mostly block turnover
-// (docs/perf/2026-11-25-two-token-streams.md). Row groups of 2 rows, as gemv_m2's.
+// does: a block-per-group grid's warps own two rows and leave after one pass over them, so on
+// large matrices its launch is mostly block turnover (docs/perf/2026-11-25-two-token-streams.md).
+// Row groups of 2 rows, as gemv_m2's. The plain entry only where a single token's row groups
+// are 2 rows too: Q8_0's measured 3-6 % slower than one block per group on the vocabularies.
+// The host's `TypeKernels::stream` must agree.
+#if M1_ROWS == 2
 extern "C" __global__ void __launch_bounds__(256, 2) gemv_m2_stream(const GemvParams P) {
     stream_rows<2, 2>(PlainJob<2, 2>{P}, acts_of(P), P.m, P.blocks, P.early);
 }
+#endif
 GATED_STREAM(gemv_gated_m2_stream, 2, 2)
 // Where gemv_m1_norm leaves the residual stream and the next products' input.
 struct NormOut {

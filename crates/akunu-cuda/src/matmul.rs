@@ -317,8 +317,9 @@ struct TypeKernels {
     /// grid, warps streaming row groups; without it `gemv_m1` does both walks.
     gemv_stream: Option<Kernel>,
     /// `gemv_m2_stream` and `gemv_gated_m2_stream`: m = 2 on a capped grid, warps streaming
-    /// row groups as m = 1's do.
-    gemv_m2_stream: Kernel,
+    /// row groups as m = 1's do; the plain one where a single token's row groups are 2 rows
+    /// (not Q8_0's and the float types': slower there).
+    gemv_m2_stream: Option<Kernel>,
     gated_m2_stream: Kernel,
     /// `gemv_m1_split` and `gemv_gated_m1_split`: m = 1 with rows split over warps.
     gemv_split: Kernel,
@@ -351,11 +352,11 @@ struct MmaKernels {
 impl TypeKernels {
     /// The streaming entry of batch variant `v` (plain or gated), where it has its own: m = 1's
     /// plain one where the type streams apart ([`streams_apart`]; m = 1's other entries stream
-    /// themselves on a capped grid), m = 2's both.
+    /// themselves on a capped grid), m = 2's gated one, and its plain one where the type has it.
     fn stream(&self, v: usize, gated: bool) -> Option<&Kernel> {
         match (M_VARIANTS[v], gated) {
             (1, false) => self.gemv_stream.as_ref(),
-            (2, false) => Some(&self.gemv_m2_stream),
+            (2, false) => self.gemv_m2_stream.as_ref(),
             (2, true) => Some(&self.gated_m2_stream),
             _ => None,
         }
@@ -508,7 +509,9 @@ impl MatmulKernels {
                 gemv_stream: streams_apart(ty)
                     .then(|| gpu.kernel("gemv.cu", "gemv_m1_stream", &defines))
                     .transpose()?,
-                gemv_m2_stream: gpu.kernel("gemv.cu", "gemv_m2_stream", &defines)?,
+                gemv_m2_stream: (rows_per_warp(ty, 1) == 2)
+                    .then(|| gpu.kernel("gemv.cu", "gemv_m2_stream", &defines))
+                    .transpose()?,
                 gated_m2_stream: gpu.kernel("gemv.cu", "gemv_gated_m2_stream", &defines)?,
                 gemv_split: gpu.kernel("gemv.cu", "gemv_m1_split", &defines)?,
                 gated_split: gpu.kernel("gemv.cu", "gemv_gated_m1_split", &defines)?,
