@@ -49,13 +49,13 @@ pub struct ChipConfig {
     pub gemv_max_m: usize,
     /// Smallest batch whose products run on tensor cores (`gemv_mma_*` in `kernels/gemv.cu`,
     /// Q4_0, Q4_K and Q6_K rows of a multiple of 128 values, compute capability 8.0 and later);
-    /// 0: never.
+    /// 0: never (else at least 2).
     /// Default 5: from 5 to 16 tokens they measured 1.2–2.1x faster than the `dp4a` products,
     /// at 4 no faster on large matrices (docs/perf/2026-11-24-batched-products-mma.md).
     pub gemv_mma_from: usize,
     /// Below `gemv_mma_from`, the smallest batch whose products run on tensor cores where the
     /// launch suits them (`MatmulKernels::mma_for`: the layers' matrices, not the vocabulary;
-    /// Q4_K's plain products from one token more); 0: none. Default 3.
+    /// Q4_K's plain products from one token more); 0: none (else at least 2). Default 3.
     pub gemv_mma_small_from: usize,
     /// Weight rows per block of those products: 16 or 32 (Q6_K: always 16), or 0: 32 where
     /// a launch still has two blocks an SM with them, else 16 (more blocks fill the GPU, fewer
@@ -119,6 +119,15 @@ fn env_override(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// A "from this batch on" setting of the batched products: 0 (never) or at least 2 (a single
+/// token's products have kernels of their own).
+fn batch_from(m: usize) -> usize {
+    match m {
+        0 => 0,
+        m => m.max(2),
+    }
 }
 
 impl ChipConfig {
@@ -199,8 +208,8 @@ impl ChipConfig {
             gemv_waves: env_override("gemv_waves", 1),
             gemv_max_m: env_override("gemv_max_m", crate::matmul::MAX_M)
                 .clamp(1, crate::matmul::MAX_M),
-            gemv_mma_from: env_override("gemv_mma_from", 5),
-            gemv_mma_small_from: env_override("gemv_mma_small_from", 3),
+            gemv_mma_from: batch_from(env_override("gemv_mma_from", 5)),
+            gemv_mma_small_from: batch_from(env_override("gemv_mma_small_from", 3)),
             gemv_mma_rows: crate::matmul::mma_rows_setting(env_override("gemv_mma_rows", 0)),
             gemv_norm: env_override("gemv_norm", 2).min(if major >= 9 { 4 } else { 1 }),
             gemv_norm_split_bytes: env_override("gemv_norm_split_bytes", 2 << 20),
@@ -211,5 +220,18 @@ impl ChipConfig {
             sample_splits: env_override("sample_splits", crate::sample::MAX_SPLITS)
                 .clamp(1, crate::sample::MAX_SPLITS),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::batch_from;
+
+    #[test]
+    fn batch_settings_are_never_or_from_two_tokens() {
+        assert_eq!(batch_from(0), 0);
+        assert_eq!(batch_from(1), 2);
+        assert_eq!(batch_from(2), 2);
+        assert_eq!(batch_from(5), 5);
     }
 }
