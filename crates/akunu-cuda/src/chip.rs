@@ -7,6 +7,7 @@
 use cudarc::driver::sys::CUdevice_attribute as A;
 use cudarc::driver::CudaContext;
 
+use crate::matmul::{mma_from_setting, mma_rows_setting};
 use crate::CudaError;
 
 #[derive(Clone, Debug)]
@@ -121,15 +122,6 @@ fn env_override(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// A "from this batch on" setting of the batched products: 0 (never) or at least 2 (a single
-/// token's products have kernels of their own).
-fn batch_from(m: usize) -> usize {
-    match m {
-        0 => 0,
-        m => m.max(2),
-    }
-}
-
 impl ChipConfig {
     pub fn from_context(ctx: &CudaContext) -> Result<ChipConfig, CudaError> {
         let attr = |a: A, what: &str| {
@@ -208,9 +200,9 @@ impl ChipConfig {
             gemv_waves: env_override("gemv_waves", 1),
             gemv_max_m: env_override("gemv_max_m", crate::matmul::MAX_M)
                 .clamp(1, crate::matmul::MAX_M),
-            gemv_mma_from: batch_from(env_override("gemv_mma_from", 5)),
-            gemv_mma_small_from: batch_from(env_override("gemv_mma_small_from", 3)),
-            gemv_mma_rows: crate::matmul::mma_rows_setting(env_override("gemv_mma_rows", 0)),
+            gemv_mma_from: mma_from_setting(env_override("gemv_mma_from", 5)),
+            gemv_mma_small_from: mma_from_setting(env_override("gemv_mma_small_from", 3)),
+            gemv_mma_rows: mma_rows_setting(env_override("gemv_mma_rows", 0)),
             gemv_norm: env_override("gemv_norm", 2).min(if major >= 9 { 4 } else { 1 }),
             gemv_norm_split_bytes: env_override("gemv_norm_split_bytes", 2 << 20),
             gemv_norm_quant: env_override("gemv_norm_quant", 16384),
@@ -220,18 +212,5 @@ impl ChipConfig {
             sample_splits: env_override("sample_splits", crate::sample::MAX_SPLITS)
                 .clamp(1, crate::sample::MAX_SPLITS),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::batch_from;
-
-    #[test]
-    fn batch_settings_are_never_or_from_two_tokens() {
-        assert_eq!(batch_from(0), 0);
-        assert_eq!(batch_from(1), 2);
-        assert_eq!(batch_from(2), 2);
-        assert_eq!(batch_from(5), 5);
     }
 }

@@ -424,6 +424,15 @@ pub(crate) fn mma_rows_setting(rows: usize) -> usize {
     }
 }
 
+/// A "from this batch on" setting of the tensor-core products: 0 (never) or at least 2 (a
+/// single token's products have kernels of their own).
+pub(crate) fn mma_from_setting(from: usize) -> usize {
+    match from {
+        0 => 0,
+        m => m.max(2),
+    }
+}
+
 /// The compiled kernels for a set of weight types.
 #[derive(Clone)]
 pub struct MatmulKernels {
@@ -444,7 +453,7 @@ pub struct MatmulKernels {
     /// Whether narrow single-token products release the next kernel before that wait
     /// ([`MatmulKernels::start`]).
     release_narrow: bool,
-    /// The largest grid of the streamed single-token products.
+    /// The largest grid of the streamed products of one and two tokens.
     cap: GridCap,
     /// The smallest batch that takes the tensor-core products (0: none), their weight rows per
     /// block (16 or 32; 0: by the launch, [`MatmulKernels::mma_block_rows`]) and the blocks that
@@ -584,10 +593,10 @@ impl MatmulKernels {
         start_mode(self.early, self.release_narrow && narrow(ty, m, cols))
     }
 
-    /// The same kernels with batches of at least `from` tokens (0: none) on the tensor-core
-    /// products, `rows` (16 or 32; 0: by the launch) weight rows to a block.
+    /// The same kernels with batches of at least `from` tokens (0: none; 1 reads as 2) on the
+    /// tensor-core products, `rows` (16 or 32; 0: by the launch) weight rows to a block.
     pub fn with_mma(mut self, from: usize, rows: usize) -> MatmulKernels {
-        self.mma_from = from;
+        self.mma_from = mma_from_setting(from);
         self.mma_rows = mma_rows_setting(rows);
         self
     }
@@ -1810,6 +1819,14 @@ mod tests {
         assert!(embed_norm_fits(32 * 1024));
         assert!(!embed_norm_fits(32 * 1025));
         assert!(!embed_norm_fits(650));
+    }
+
+    #[test]
+    fn tensor_core_batch_settings_are_never_or_from_two_tokens() {
+        assert_eq!(mma_from_setting(0), 0);
+        assert_eq!(mma_from_setting(1), 2);
+        assert_eq!(mma_from_setting(2), 2);
+        assert_eq!(mma_from_setting(5), 5);
     }
 
     #[test]
