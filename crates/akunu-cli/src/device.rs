@@ -61,7 +61,7 @@ fn open_cuda(model: &Arc<Model>, sizes: &Sizes) -> Result<CudaBackend> {
         bail!("no CUDA device");
     }
     let gpu = akunu_cuda::Gpu::open(0)?;
-    let to_compile = gpu.uncompiled(&akunu_cuda::backend::kernel_modules(model));
+    let to_compile = gpu.uncompiled(&akunu_cuda::backend::kernel_modules(&gpu.chip, model));
     if to_compile > 0 {
         let kept = match akunu_cuda::compile::cache_dir() {
             Some(dir) => format!("once: later runs load them from {}", dir.display()),

@@ -81,10 +81,17 @@ constexpr int PREFILL_MT = (D > 128 || DV > 128) ? 1 : 2;
 // Prefill K/V stages (a third measured no faster: the loop is bound by the tensor cores and
 // shared memory, not by the loads).
 constexpr int PREFILL_STAGES = 2;
-// Decode: warps per block, keys per warp step, and stages of each warp's ring.
-constexpr int DEC_WARPS = 4;
+// Decode: warps per block (4, or 8 where their rings fit: the host's
+// FlashConfig::with_decode_warps), keys per warp step, and stages of each warp's ring.
+#ifndef DECODE_WARPS
+#define DECODE_WARPS 4
+#endif
+constexpr int DEC_WARPS = DECODE_WARPS;
 constexpr int DEC_KEYS = 16;
 constexpr int DEC_STAGES = 3;
+// The split rule's step: four warps' keys whatever DEC_WARPS (the host's SPLIT_STEP_KEYS).
+constexpr int SPLIT_KEYS = 4 * DEC_KEYS;
+static_assert(DEC_WARPS == 4 || DEC_WARPS == 8, "decode blocks of 4 or 8 warps");
 
 
 // A CUDA tensor map (CUtensorMap): 128 opaque bytes, aligned as CUDA 13 aligns them.
@@ -1428,12 +1435,12 @@ struct DecodeRope {
     }
 };
 
-// Decode and short batches: one token's group (16 rows) per block, four warps each streaming a
-// contiguous quarter of the block's keys through its own ring. With TURNS, a slice of at least
-// eight steps a warp (the host's TURN_KEYS) goes to the warps by turns instead (warp w takes
-// steps w, w + 4, ...), so the block's tiles in flight are consecutive keys: DRAM then serves
-// fewer, longer runs (batch 8 at 8K keys 4-9 % faster); on short slices the quarters measured
-// faster. The host launches flash_decode_turns only where the launch's slices can be that long,
+// Decode and short batches: one token's group (16 rows) per block, DEC_WARPS warps each
+// streaming a contiguous share of the block's keys through its own ring. With TURNS, a slice of
+// at least eight steps a warp (the host's turn_keys) goes to the warps by turns instead (warp w
+// takes steps w, w + DEC_WARPS, ...), so the block's tiles in flight are consecutive keys: DRAM
+// then serves fewer, longer runs (batch 8 at 8K keys 4-9 % faster); on short slices the
+// contiguous shares measured faster. The host launches flash_decode_turns only where the launch's slices can be that long,
 // so other launches run no extra instruction (docs/perf/2026-11-23-split-merge.md).
 // Grid (tokens, n_head_kv, splits); dynamic shared memory: the Q tile and each warp's ring.
 // The tile's rows, key ranges and split are worked out before waiting for the predecessor
@@ -1472,13 +1479,13 @@ __device__ __forceinline__ void decode(const FlashParams& p) {
     // merge waits for no more.
     constexpr u32 STEP_KEYS = DEC_WARPS * DEC_KEYS;
     const u32 keys = block_range[1] - block_range[0];
-    const u32 by_keys = p.fill_splits > 0 && keys / STEP_KEYS >= p.fill_splits
+    const u32 by_keys = p.fill_splits > 0 && keys / SPLIT_KEYS >= p.fill_splits
                             ? p.fill_splits
-                            : max(min(keys / (2 * STEP_KEYS), 8u), keys / (4 * STEP_KEYS));
+                            : max(min(keys / (2 * SPLIT_KEYS), 8u), keys / (4 * SPLIT_KEYS));
     const u32 n_split = max(1u, min(p.n_split, by_keys));
     if (work.z >= n_split) return;
     u32 kb, ke;
-    split_slice(n_split, work.z, block_range[0], block_range[1], STEP_KEYS, kb, ke);
+    split_slice(n_split, work.z, block_range[0], block_range[1], SPLIT_KEYS, kb, ke);
 #ifdef FLASH_DEBUG
     // Every key to the first warp, so its dump is the state over consecutive steps.
     const bool turns = false;
@@ -1613,5 +1620,5 @@ __device__ __forceinline__ void decode(const FlashParams& p) {
     if (partial) merge_splits<BM, THREADS, 0, 16>(p, n_split, work, row_tok, row_head, tid);
 }
 
-extern "C" __global__ void __launch_bounds__(128) flash_decode(const FlashParams p) { decode<false>(p); }
-extern "C" __global__ void __launch_bounds__(128) flash_decode_turns(const FlashParams p) { decode<true>(p); }
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) flash_decode(const FlashParams p) { decode<false>(p); }
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) flash_decode_turns(const FlashParams p) { decode<true>(p); }

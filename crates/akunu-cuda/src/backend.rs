@@ -34,6 +34,7 @@ use akunu_quant::GgmlType;
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph};
 
+use crate::chip::ChipConfig;
 use crate::compile::ModuleSpec;
 use crate::flash::{
     FlashArgs, FlashConfig, FlashDtype, FlashKernels, FlashRope, FlashScratch, Queries,
@@ -242,9 +243,17 @@ struct Flash {
 }
 
 /// The FlashAttention build for the model's head sizes, where it has one.
-fn flash_config(c: &akunu_core::ModelConfig) -> Option<FlashConfig> {
-    (FlashConfig::supports(c.head_dim) && FlashConfig::supports(c.head_dim_v))
-        .then(|| FlashConfig::new(FlashDtype::F16, c.head_dim, c.head_dim_v))
+/// Its decode blocks take 8 warps on models up to the chip config's
+/// `decode_eight_warps_embd` wide, unless the config sets `decode_warps`.
+fn flash_config(chip: &ChipConfig, c: &akunu_core::ModelConfig) -> Option<FlashConfig> {
+    let warps = match chip.decode_warps {
+        0 if c.n_embd <= chip.decode_eight_warps_embd => 8,
+        0 => 4,
+        warps => warps,
+    };
+    (FlashConfig::supports(c.head_dim) && FlashConfig::supports(c.head_dim_v)).then(|| {
+        FlashConfig::new(FlashDtype::F16, c.head_dim, c.head_dim_v).with_decode_warps(warps)
+    })
 }
 
 fn flash_kernels(
@@ -252,7 +261,7 @@ fn flash_kernels(
     c: &akunu_core::ModelConfig,
     max_batch: usize,
 ) -> Result<Option<Flash>, CudaError> {
-    let Some(config) = flash_config(c) else {
+    let Some(config) = flash_config(&gpu.chip, c) else {
         return Ok(None);
     };
     Ok(Some(Flash {
@@ -286,19 +295,24 @@ fn matrix_types(model: &Model) -> Vec<GgmlType> {
     types
 }
 
-/// Every kernel module a backend for `model` loads. [`CudaBackend::new`] compiles the missing
-/// ones together; a caller can ask [`Gpu::uncompiled`] beforehand whether it will have to.
-pub fn kernel_modules(model: &Model) -> Vec<ModuleSpec> {
-    modules_of(&matrix_types(model), &model.config)
+/// Every kernel module a backend for `model` loads on a GPU of this chip config.
+/// [`CudaBackend::new`] compiles the missing ones together; a caller can ask
+/// [`Gpu::uncompiled`] beforehand whether it will have to.
+pub fn kernel_modules(chip: &ChipConfig, model: &Model) -> Vec<ModuleSpec> {
+    modules_of(&matrix_types(model), chip, &model.config)
 }
 
 /// [`kernel_modules`] given the model's matrix types.
-fn modules_of(types: &[GgmlType], c: &akunu_core::ModelConfig) -> Vec<ModuleSpec> {
+fn modules_of(
+    types: &[GgmlType],
+    chip: &ChipConfig,
+    c: &akunu_core::ModelConfig,
+) -> Vec<ModuleSpec> {
     let mut v = crate::matmul::modules_for(types);
     v.extend(crate::gemm::modules_for(types));
     v.extend(crate::layers::modules());
     v.extend(crate::sample::modules());
-    if let Some(f) = flash_config(c) {
+    if let Some(f) = flash_config(chip, c) {
         v.push(f.f32_io().module());
         v.push(f.f32_out().module());
     }
@@ -331,7 +345,7 @@ impl CudaBackend {
     ) -> Result<CudaBackend, CudaError> {
         let c = model.config.clone();
         let types = matrix_types(&model);
-        gpu.prepare(&modules_of(&types, &c))?;
+        gpu.prepare(&modules_of(&types, &gpu.chip, &c))?;
         let weights = model.weights();
         let mut matrices: Vec<Option<DeviceMatrix>> = (0..weights.len()).map(|_| None).collect();
         for id in matrix_ids(&model) {

@@ -45,16 +45,16 @@ pub const MAX_SPLITS: usize = 256;
 /// Head sizes the kernels are built for.
 pub const HEAD_DIMS: [usize; 4] = [32, 64, 128, 256];
 /// Rows of a decode block (one token's query heads) and keys per warp step there
-/// (`DEC_KEYS`); its four warps (`DEC_WARPS`) each keep a ring of three steps (`DEC_STAGES`).
+/// (`DEC_KEYS`); its warps (`DEC_WARPS`: [`FlashConfig::decode_warps`]) each keep a ring of
+/// three steps (`DEC_STAGES`).
 const DECODE_ROWS: usize = 16;
 const DECODE_KEYS: usize = 16;
-const DECODE_WARPS: usize = 4;
 const DECODE_STAGES: usize = 3;
-/// Slices of at least this many keys may go to a decode block's warps by turns
-/// (`flash_decode_turns`): eight steps a warp.
-const TURN_KEYS: usize = 8 * DECODE_WARPS * DECODE_KEYS;
+/// The split rule counts keys in steps of four warps (`SPLIT_KEYS` in flash.cu) whatever the
+/// block's warps: it was measured at four, and at eight the same splits keep the SMs as busy.
+const SPLIT_STEP_KEYS: usize = 4 * DECODE_KEYS;
 const PREFILL_STAGES: usize = 2;
-/// Both `mma.sync` kernels run four warps.
+/// The `mma.sync` prefill kernel runs four warps.
 const THREADS: u32 = 128;
 /// `flash_prefill_wg`: a producer warpgroup and two consumer warpgroups of 64 rows (a tile of
 /// `WG_ROWS` at every head size),
@@ -89,6 +89,8 @@ pub struct FlashConfig {
     pub out_f32: bool,
     /// Build with the per-step dump of the first block's state (see [`FlashArgs::debug`]).
     pub debug: bool,
+    /// Warps of a decode block, 4 or 8 ([`FlashConfig::with_decode_warps`]).
+    pub decode_warps: usize,
 }
 
 impl FlashConfig {
@@ -102,7 +104,30 @@ impl FlashConfig {
             q_f32: false,
             out_f32: false,
             debug: false,
+            decode_warps: 4,
         }
+    }
+
+    /// Decode blocks of `warps` warps: 8 where head sizes up to 128 leave room for eight
+    /// warps' rings in an SM's shared memory (200 KB at 128), else 4. More warps put two on
+    /// each scheduler, so one warp's latencies hide behind the other's work.
+    pub fn with_decode_warps(self, warps: usize) -> FlashConfig {
+        let eight = warps >= 8 && self.head_dim <= 128 && self.head_dim_v <= 128;
+        FlashConfig {
+            decode_warps: if eight { 8 } else { 4 },
+            ..self
+        }
+    }
+
+    /// Slices of at least this many keys may go to a decode block's warps by turns
+    /// (`flash_decode_turns`): eight steps a warp.
+    fn turn_keys(&self) -> usize {
+        8 * self.decode_warps * DECODE_KEYS
+    }
+
+    /// Threads of a decode block.
+    fn decode_threads(&self) -> u32 {
+        32 * self.decode_warps as u32
     }
 
     /// f32 queries and output (rounded to the element type as they are read).
@@ -152,6 +177,7 @@ impl FlashConfig {
             ),
             ("Q_F32", u8::from(self.q_f32).to_string()),
             ("OUT_F32", u8::from(self.out_f32).to_string()),
+            ("DECODE_WARPS", self.decode_warps.to_string()),
         ];
         if self.debug {
             d.push(("FLASH_DEBUG", "1".into()));
@@ -214,7 +240,7 @@ impl FlashConfig {
     /// Dynamic shared memory: the query tile, then the K/V stages.
     fn smem(&self, decode: bool) -> usize {
         let (rows, stages) = if decode {
-            (DECODE_ROWS, DECODE_WARPS * DECODE_STAGES)
+            (DECODE_ROWS, self.decode_warps * DECODE_STAGES)
         } else {
             (self.prefill_rows(), PREFILL_STAGES)
         };
@@ -234,6 +260,18 @@ pub fn modules() -> Vec<ModuleSpec> {
         configs.push(FlashConfig::new(FlashDtype::Bf16, d, d));
     }
     configs.push(FlashConfig::new(FlashDtype::F16, 128, 128).with_debug());
+    for d in [32, 64, 128] {
+        configs.push(
+            FlashConfig::new(FlashDtype::F16, d, d)
+                .f32_io()
+                .with_decode_warps(8),
+        );
+        configs.push(
+            FlashConfig::new(FlashDtype::F16, d, d)
+                .f32_out()
+                .with_decode_warps(8),
+        );
+    }
     configs.iter().map(FlashConfig::module).collect()
 }
 
@@ -422,7 +460,7 @@ const FILL_SPLITS_MAX: usize = 16;
 /// more splits than their merge costs (docs/perf/2026-11-22-decode-splits.md,
 /// docs/perf/2026-11-24-decode-split-fill.md).
 fn decode_splits(keys: usize, fill: usize) -> usize {
-    let step = DECODE_WARPS * DECODE_KEYS;
+    let step = SPLIT_STEP_KEYS;
     if fill > 0 && keys / step >= fill {
         return fill;
     }
@@ -439,7 +477,8 @@ struct Launch {
     /// Decode: the splits that fill the wave, which a token takes once each gets a step per
     /// warp (`decode_splits`); 0: never.
     fill: usize,
-    /// Decode whose planned keys per split (`max_kv` over the splits) reach [`TURN_KEYS`]:
+    /// Decode whose planned keys per split (`max_kv` over the splits) reach
+    /// `FlashConfig::turn_keys`:
     /// launched as `flash_decode_turns`.
     turns: bool,
 }
@@ -476,7 +515,13 @@ fn to_i64(what: &str, v: usize) -> Result<i64, CudaError> {
 }
 
 impl FlashKernels {
+    /// The kernels of `cfg`; a chip config that sets `decode_warps` sets their decode block
+    /// size ([`FlashConfig::with_decode_warps`]).
     pub fn new(gpu: &Gpu, cfg: FlashConfig) -> Result<FlashKernels, CudaError> {
+        let cfg = match gpu.chip.decode_warps {
+            0 => cfg,
+            warps => cfg.with_decode_warps(warps),
+        };
         for (what, d) in [("head_dim", cfg.head_dim), ("head_dim_v", cfg.head_dim_v)] {
             if !FlashConfig::supports(d) {
                 return Err(bad(format!(
@@ -514,7 +559,8 @@ impl FlashKernels {
         let decode_per_sm = if gpu.chip.decode_spread {
             1
         } else {
-            gpu.blocks_per_sm(&decode, THREADS, cfg.smem(true))?.max(1)
+            gpu.blocks_per_sm(&decode, cfg.decode_threads(), cfg.smem(true))?
+                .max(1)
         };
         Ok(FlashKernels {
             cfg,
@@ -729,7 +775,7 @@ impl FlashKernels {
             chunks,
             splits,
             fill,
-            turns: decode && max_kv.div_ceil(splits) >= TURN_KEYS,
+            turns: decode && max_kv.div_ceil(splits) >= self.cfg.turn_keys(),
         })
     }
 
@@ -962,7 +1008,7 @@ impl FlashKernels {
                     Some(s) if blocks <= self.sm_count => s.max(self.cfg.smem(true)),
                     _ => self.cfg.smem(true),
                 };
-                (k, THREADS, smem, grid)
+                (k, self.cfg.decode_threads(), smem, grid)
             }
             (false, Some(wg)) => {
                 // Up to one block per SM, each taking (tile, head chunk, split) items in turn;
@@ -984,7 +1030,28 @@ impl FlashKernels {
 
 #[cfg(test)]
 mod tests {
-    use super::decode_splits;
+    use super::{decode_splits, FlashConfig, FlashDtype};
+
+    #[test]
+    fn eight_warp_decode_blocks_only_where_their_rings_fit() {
+        let warps = |d, dv, w| {
+            FlashConfig::new(FlashDtype::F16, d, dv)
+                .with_decode_warps(w)
+                .decode_warps
+        };
+        assert_eq!(warps(128, 128, 8), 8);
+        assert_eq!(warps(64, 64, 8), 8);
+        assert_eq!(warps(256, 256, 8), 4);
+        assert_eq!(warps(192, 128, 8), 4);
+        assert_eq!(warps(128, 128, 4), 4);
+        assert_eq!(warps(128, 128, 16), 8);
+        assert_eq!(FlashConfig::new(FlashDtype::F16, 128, 128).decode_warps, 4);
+        // The shared memory the host sizes: eight rings of three 16-key stages at 128.
+        let c = FlashConfig::new(FlashDtype::F16, 128, 128).with_decode_warps(8);
+        assert_eq!(c.smem(true), 16 * 128 * 2 + 8 * 3 * 16 * 512);
+        assert_eq!(c.decode_threads(), 256);
+        assert_eq!(c.turn_keys(), 8 * 8 * 16);
+    }
 
     #[test]
     fn decode_fills_the_wave_once_every_split_gets_a_step_per_warp() {

@@ -616,7 +616,7 @@ fn a_backend_loads_only_the_modules_it_lists() {
     for TestModel { name, model, .. } in models() {
         // A GPU of its own, so only this backend's modules are loaded in it.
         let g = akunu_cuda::Gpu::open(0).unwrap();
-        let listed: HashSet<ModuleKey> = akunu_cuda::backend::kernel_modules(&model)
+        let listed: HashSet<ModuleKey> = akunu_cuda::backend::kernel_modules(&g.chip, &model)
             .iter()
             .map(|(file, defines)| ModuleKey::new(file, g.arch(), defines))
             .collect();
@@ -629,7 +629,7 @@ fn a_backend_loads_only_the_modules_it_lists() {
         );
         assert_eq!(loaded.len(), listed.len(), "{name}");
         assert_eq!(
-            g.uncompiled(&akunu_cuda::backend::kernel_modules(&model)),
+            g.uncompiled(&akunu_cuda::backend::kernel_modules(&g.chip, &model)),
             0
         );
         drop(session);

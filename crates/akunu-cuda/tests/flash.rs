@@ -515,11 +515,30 @@ fn bf16_and_f16_storage() {
     }
 }
 
+/// The decode tests' kernels (f16, f32 queries and output) at every decode block size the head
+/// size takes (`FlashConfig::with_decode_warps`), or at the one a chip config sets.
+fn decode_builds(gpu: &Gpu, d: usize) -> Vec<FlashKernels> {
+    let mut builds: Vec<FlashKernels> = Vec::new();
+    for warps in [4, 8] {
+        let cfg = FlashConfig::new(FlashDtype::F16, d, d)
+            .f32_io()
+            .with_decode_warps(warps);
+        let k = FlashKernels::new(gpu, cfg).unwrap();
+        let warps = k.config().decode_warps;
+        if builds.iter().all(|b| b.config().decode_warps != warps) {
+            builds.push(k);
+        }
+    }
+    builds
+}
+
 #[test]
 fn decode_with_split_kv() {
     let Some(gpu) = common::gpu() else { return };
-    for d in [64, 128, 256] {
-        let k = kernels(&gpu, FlashDtype::F16, d, d, true);
+    for (d, k) in [64, 128, 256]
+        .into_iter()
+        .flat_map(|d| decode_builds(&gpu, d).into_iter().map(move |k| (d, k)))
+    {
         for group in [1, 4, 8, 16] {
             // One token per sequence after 1..3000 stored keys: few tiles, many splits.
             let mut c = Case::new(d, 8 * group, 8, &[1, 1, 1], &[2999, 0, 517]);
@@ -705,8 +724,10 @@ fn decode_with_rope_and_kv_store_fused() {
     let Some(gpu) = common::gpu() else { return };
     let layers = LayerKernels::new(&gpu).unwrap();
     let mut seed = 7000;
-    for d in [64, 128, 256] {
-        let k = kernels(&gpu, FlashDtype::F16, d, d, true);
+    for (d, k) in [64, 128, 256]
+        .into_iter()
+        .flat_map(|d| decode_builds(&gpu, d).into_iter().map(move |k| (d, k)))
+    {
         for (group, style, qk_norm, n_rot) in [
             (1, RopeStyle::Neox, true, d),
             (4, RopeStyle::Normal, false, d),
