@@ -51,8 +51,8 @@ if [[ $stages == *tests* ]]; then
     if AKUNU_CHIP_ROPE_IN_ATTENTION_FROM=100000 "$B/test-backend" --test-threads 1 > "$LOGS/test-backend-rope.log" 2>&1; then r=pass; else r=FAIL; fi
     row "test test-backend, RoPE in a launch of its own: $r"
   fi
-  # The whole-model checks with decode attention in blocks of 4 warps (the tiny models' width
-  # takes 8).
+  # The whole-model checks with decode attention in blocks of 4 warps (8 by default, where they
+  # fit).
   if [[ -z ${GPU_TESTS:-} || " $GPU_TESTS " == *" test-backend "* ]]; then
     if AKUNU_CHIP_DECODE_WARPS=4 "$B/test-backend" --test-threads 1 > "$LOGS/test-backend-warps4.log" 2>&1; then r=pass; else r=FAIL; fi
     row "test test-backend, decode blocks of 4 warps: $r"

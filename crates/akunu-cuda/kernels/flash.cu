@@ -81,14 +81,17 @@ constexpr int PREFILL_MT = (D > 128 || DV > 128) ? 1 : 2;
 // Prefill K/V stages (a third measured no faster: the loop is bound by the tensor cores and
 // shared memory, not by the loads).
 constexpr int PREFILL_STAGES = 2;
-// Decode: warps per block (4, or 8 where their rings fit: the host's
-// FlashConfig::with_decode_warps), keys per warp step, and stages of each warp's ring.
+// Decode: warps per block, keys per warp step, and stages of each warp's ring (8 warps of two
+// stages, or 4 of three: the host's FlashConfig::with_decode_warps).
 #ifndef DECODE_WARPS
 #define DECODE_WARPS 4
 #endif
+#ifndef DECODE_STAGES
+#define DECODE_STAGES 3
+#endif
 constexpr int DEC_WARPS = DECODE_WARPS;
 constexpr int DEC_KEYS = 16;
-constexpr int DEC_STAGES = 3;
+constexpr int DEC_STAGES = DECODE_STAGES;
 // The split rule's step: four warps' keys whatever DEC_WARPS (the host's SPLIT_STEP_KEYS).
 constexpr int SPLIT_KEYS = 4 * DEC_KEYS;
 static_assert(DEC_WARPS == 4 || DEC_WARPS == 8, "decode blocks of 4 or 8 warps");

@@ -243,17 +243,9 @@ struct Flash {
 }
 
 /// The FlashAttention build for the model's head sizes, where it has one.
-/// Its decode blocks take 8 warps on models up to the chip config's
-/// `decode_eight_warps_embd` wide, unless the config sets `decode_warps`.
 fn flash_config(chip: &ChipConfig, c: &akunu_core::ModelConfig) -> Option<FlashConfig> {
-    let warps = match chip.decode_warps {
-        0 if c.n_embd <= chip.decode_eight_warps_embd => 8,
-        0 => 4,
-        warps => warps,
-    };
-    (FlashConfig::supports(c.head_dim) && FlashConfig::supports(c.head_dim_v)).then(|| {
-        FlashConfig::new(FlashDtype::F16, c.head_dim, c.head_dim_v).with_decode_warps(warps)
-    })
+    (FlashConfig::supports(c.head_dim) && FlashConfig::supports(c.head_dim_v))
+        .then(|| FlashConfig::new(FlashDtype::F16, c.head_dim, c.head_dim_v).for_chip(chip))
 }
 
 fn flash_kernels(

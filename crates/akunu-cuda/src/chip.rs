@@ -111,14 +111,9 @@ pub struct ChipConfig {
     /// packs every block that fits.
     pub decode_spread: bool,
     /// Warps of every decode attention block, 4 or 8 (`FlashConfig::with_decode_warps`: 8
-    /// only where head sizes up to 128 leave room for their rings); 0: by the model
-    /// (`decode_eight_warps_embd`).
+    /// only where head sizes up to 128 leave room for their rings); 0: the kernels' own choice,
+    /// 8 wherever they fit.
     pub decode_warps: usize,
-    /// Models up to this width (`n_embd`) take decode attention blocks of 8 warps, wider ones
-    /// 4. Measured on an H100 at depth 0 / 4K / 16K: qwen3-0.6b +2.9 / +0.8 / +3.7 % tg128,
-    /// llama3.2-1b +1.0 / +1.7 / +2.2 %; qwen3-4b q4_k +3.2 / −9.9 / −5.8 %, llama3.1-8b q4_0
-    /// −2.1 / −1.1 / +0.5 %, q4_k −9.5 / −8.6 / −6.7 % (docs/perf/2026-11-25-decode-warps.md).
-    pub decode_eight_warps_embd: usize,
     /// Most blocks one row of logits is split over by the sampler (1 to 64; fewer where a
     /// launch's rows would not fit one wave of one block per SM).
     pub sample_splits: usize,
@@ -192,7 +187,6 @@ impl ChipConfig {
             wgmma_prefill_blocks: env_override("wgmma_prefill_blocks", 0),
             decode_spread: env_override("decode_spread", 1) != 0,
             decode_warps: env_override("decode_warps", 0),
-            decode_eight_warps_embd: env_override("decode_eight_warps_embd", 2048),
             arch,
             sm_count,
             l2_bytes,

@@ -36,6 +36,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
+use crate::chip::ChipConfig;
 use crate::compile::ModuleSpec;
 use crate::gpu::{DeviceBuffer, Gpu, Kernel, TensorMap};
 use crate::CudaError;
@@ -46,10 +47,9 @@ pub const MAX_SPLITS: usize = 256;
 pub const HEAD_DIMS: [usize; 4] = [32, 64, 128, 256];
 /// Rows of a decode block (one token's query heads) and keys per warp step there
 /// (`DEC_KEYS`); its warps (`DEC_WARPS`: [`FlashConfig::decode_warps`]) each keep a ring of
-/// three steps (`DEC_STAGES`).
+/// steps (`DEC_STAGES`: `FlashConfig::decode_stages`).
 const DECODE_ROWS: usize = 16;
 const DECODE_KEYS: usize = 16;
-const DECODE_STAGES: usize = 3;
 /// The split rule counts keys in steps of four warps (`SPLIT_KEYS` in flash.cu) whatever the
 /// block's warps: it was measured at four, and at eight the same splits keep the SMs as busy.
 const SPLIT_STEP_KEYS: usize = 4 * DECODE_KEYS;
@@ -89,13 +89,15 @@ pub struct FlashConfig {
     pub out_f32: bool,
     /// Build with the per-step dump of the first block's state (see [`FlashArgs::debug`]).
     pub debug: bool,
-    /// Warps of a decode block, 4 or 8 ([`FlashConfig::with_decode_warps`]).
+    /// Warps of a decode block, 8 or 4 ([`FlashConfig::with_decode_warps`]).
     pub decode_warps: usize,
 }
 
 impl FlashConfig {
     /// f16 or bf16 queries, keys, values and output, head sizes `head_dim` (Q, K) and
     /// `head_dim_v` (V).
+    /// Decode blocks take 8 warps where the head sizes allow
+    /// ([`FlashConfig::with_decode_warps`]).
     pub fn new(dtype: FlashDtype, head_dim: usize, head_dim_v: usize) -> FlashConfig {
         FlashConfig {
             dtype,
@@ -106,16 +108,37 @@ impl FlashConfig {
             debug: false,
             decode_warps: 4,
         }
+        .with_decode_warps(8)
     }
 
-    /// Decode blocks of `warps` warps: 8 where head sizes up to 128 leave room for eight
-    /// warps' rings in an SM's shared memory (200 KB at 128), else 4. More warps put two on
-    /// each scheduler, so one warp's latencies hide behind the other's work.
+    /// Decode blocks of `warps` warps: 8 (rings of two steps a warp) where head sizes up to 128
+    /// leave room for them, else 4 (rings of three). Eight warps put two on each scheduler, so
+    /// one warp's latencies hide behind the other's work; with three steps a warp their rings
+    /// took 200 KB of an SM at head size 128, and the products beside them lost more than
+    /// attention gained (docs/perf/2026-11-25-decode-warps.md).
     pub fn with_decode_warps(self, warps: usize) -> FlashConfig {
         let eight = warps >= 8 && self.head_dim <= 128 && self.head_dim_v <= 128;
         FlashConfig {
             decode_warps: if eight { 8 } else { 4 },
             ..self
+        }
+    }
+
+    /// This build with the decode block size a chip config sets (`ChipConfig::decode_warps`;
+    /// 0 keeps the build's).
+    pub fn for_chip(self, chip: &ChipConfig) -> FlashConfig {
+        match chip.decode_warps {
+            0 => self,
+            warps => self.with_decode_warps(warps),
+        }
+    }
+
+    /// Steps in each decode warp's ring: two at eight warps, three at four.
+    fn decode_stages(&self) -> usize {
+        if self.decode_warps == 8 {
+            2
+        } else {
+            3
         }
     }
 
@@ -178,6 +201,7 @@ impl FlashConfig {
             ("Q_F32", u8::from(self.q_f32).to_string()),
             ("OUT_F32", u8::from(self.out_f32).to_string()),
             ("DECODE_WARPS", self.decode_warps.to_string()),
+            ("DECODE_STAGES", self.decode_stages().to_string()),
         ];
         if self.debug {
             d.push(("FLASH_DEBUG", "1".into()));
@@ -240,7 +264,7 @@ impl FlashConfig {
     /// Dynamic shared memory: the query tile, then the K/V stages.
     fn smem(&self, decode: bool) -> usize {
         let (rows, stages) = if decode {
-            (DECODE_ROWS, self.decode_warps * DECODE_STAGES)
+            (DECODE_ROWS, self.decode_warps * self.decode_stages())
         } else {
             (self.prefill_rows(), PREFILL_STAGES)
         };
@@ -264,12 +288,12 @@ pub fn modules() -> Vec<ModuleSpec> {
         configs.push(
             FlashConfig::new(FlashDtype::F16, d, d)
                 .f32_io()
-                .with_decode_warps(8),
+                .with_decode_warps(4),
         );
         configs.push(
             FlashConfig::new(FlashDtype::F16, d, d)
                 .f32_out()
-                .with_decode_warps(8),
+                .with_decode_warps(4),
         );
     }
     configs.iter().map(FlashConfig::module).collect()
@@ -515,13 +539,10 @@ fn to_i64(what: &str, v: usize) -> Result<i64, CudaError> {
 }
 
 impl FlashKernels {
-    /// The kernels of `cfg`; a chip config that sets `decode_warps` sets their decode block
-    /// size ([`FlashConfig::with_decode_warps`]).
+    /// The kernels of `cfg`, with the decode block size the chip config sets, if any
+    /// ([`FlashConfig::for_chip`]).
     pub fn new(gpu: &Gpu, cfg: FlashConfig) -> Result<FlashKernels, CudaError> {
-        let cfg = match gpu.chip.decode_warps {
-            0 => cfg,
-            warps => cfg.with_decode_warps(warps),
-        };
+        let cfg = cfg.for_chip(&gpu.chip);
         for (what, d) in [("head_dim", cfg.head_dim), ("head_dim_v", cfg.head_dim_v)] {
             if !FlashConfig::supports(d) {
                 return Err(bad(format!(
@@ -1045,12 +1066,17 @@ mod tests {
         assert_eq!(warps(192, 128, 8), 4);
         assert_eq!(warps(128, 128, 4), 4);
         assert_eq!(warps(128, 128, 16), 8);
-        assert_eq!(FlashConfig::new(FlashDtype::F16, 128, 128).decode_warps, 4);
-        // The shared memory the host sizes: eight rings of three 16-key stages at 128.
-        let c = FlashConfig::new(FlashDtype::F16, 128, 128).with_decode_warps(8);
-        assert_eq!(c.smem(true), 16 * 128 * 2 + 8 * 3 * 16 * 512);
+        assert_eq!(FlashConfig::new(FlashDtype::F16, 128, 128).decode_warps, 8);
+        assert_eq!(FlashConfig::new(FlashDtype::F16, 256, 256).decode_warps, 4);
+        // The shared memory the host sizes: the query tile, then eight rings of two 16-key
+        // steps at 128 (four rings of three at four warps).
+        let c = FlashConfig::new(FlashDtype::F16, 128, 128);
+        assert_eq!(c.smem(true), 16 * 128 * 2 + 8 * 2 * 16 * 512);
         assert_eq!(c.decode_threads(), 256);
         assert_eq!(c.turn_keys(), 8 * 8 * 16);
+        let c = c.with_decode_warps(4);
+        assert_eq!(c.smem(true), 16 * 128 * 2 + 4 * 3 * 16 * 512);
+        assert_eq!(c.decode_threads(), 128);
     }
 
     #[test]
