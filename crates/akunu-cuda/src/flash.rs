@@ -5,9 +5,10 @@
 //! input/output precision. [`FlashKernels::run`] validates the problem (layout, alignment,
 //! sizes) on the host, picks the variant, tiles the queries and the split count, and enqueues:
 //!
-//! - `flash_decode` (16 rows, four warps each streaming a quarter of the keys) when every
-//!   token is its own tile and a token's query heads fit 16 rows: decode and short batches.
-//!   Where the keys a launch plans for over its split count reach 512, `flash_decode_turns`,
+//! - `flash_decode` (16 rows; eight warps with two-step rings where head sizes up to 128 allow,
+//!   else four with three, each warp streaming its share of the keys) when every token is its
+//!   own tile and a token's query heads fit 16 rows: decode and short batches. Where the keys
+//!   a launch plans for over its split count reach eight steps a warp, `flash_decode_turns`,
 //!   whose warps take a long slice's steps by turns, so a block's loads in flight are
 //!   consecutive keys.
 //!   Nothing is read from the host per call, so a captured graph replays as positions advance:
