@@ -12,7 +12,8 @@
 # prints invalid JSON, the table is still printed with llama.cpp's numbers and the script exits
 # non-zero. llama.cpp's OpenMP threads spin while they wait, so its numbers collapse when other
 # work shares the cores: measure on an otherwise idle machine (or, on a shared one, compare with
-# OMP_WAIT_POLICY=passive set, which llama-bench inherits).
+# OMP_WAIT_POLICY=passive set, which llama-bench inherits). On CPUs with AMX the reference is
+# built without it (build_llama_ref.sh says why): there llama.cpp's numbers are its AVX-512 path's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 refdata=${AKUNU_REFDATA:-$PWD/.refdata}

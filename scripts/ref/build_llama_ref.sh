@@ -16,8 +16,11 @@
 # ninja are taken from PATH, or installed with pip under OUTDIR/tools.
 #
 # The CPU backend is built as llama.cpp's own release builds and llama-bench use it by default:
-# tuned for the build machine (GGML_NATIVE) and threaded with OpenMP (GGML_OPENMP, the default).
-# Only the four targets above are built, not the rest of the tools.
+# tuned for the build machine (GGML_NATIVE) and threaded with OpenMP (GGML_OPENMP, the default),
+# except for AMX: on x86-64 CPUs that have it (Sapphire Rapids and later) -march=native would
+# compile ggml's AMX matrix products, which repack the weights at load and crash on the tiny
+# engine models' Q4_K matrices (ggml-org/llama.cpp#20824), so the reference takes the AVX-512
+# path there. Only the targets above are built, not the rest of the tools.
 #
 # Idempotent: llama.cpp is rebuilt only when the pinned version, its flags or the machine's CPU
 # features change (a native build may not run on another CPU, and a cached OUTDIR can move between
@@ -37,6 +40,10 @@ CMAKE_FLAGS=(
     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF
     -DLLAMA_OPENSSL=OFF -DLLAMA_LLGUIDANCE=OFF
 )
+if [ "$(uname -m)" = x86_64 ]; then
+    NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    CMAKE_FLAGS+=("-DCMAKE_C_FLAGS=$NO_AMX" "-DCMAKE_CXX_FLAGS=$NO_AMX")
+fi
 TARGETS=(llama-tokenize llama-perplexity llama-bench)
 # What -march=native resolves to: the CPU's model name and feature flags.
 CPU_SIG=$( (grep -m1 '^model name' /proc/cpuinfo; grep -m1 -E '^(flags|Features)' /proc/cpuinfo) 2>/dev/null |
