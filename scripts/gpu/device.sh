@@ -165,9 +165,26 @@ if [[ $stages == *chains* ]]; then
 fi
 if [[ $stages == *bench* ]]; then
   wait $synth_pid $peer_pid
-  row ""; row "GPU: $gpu"
-  row "| model | akunu pp512 | llama.cpp pp512 | ratio | akunu tg128 | llama.cpp tg128 | ratio |"
-  row "|---|---|---|---|---|---|---|"
+  # The roofline of decode: copy bandwidth (bytes read and written by a 1 GiB device-to-device
+  # copy, best of 20) over the bytes a step reads, every weight once but the embedding matrix
+  # where the output matrix is apart (a row of it).
+  copy_bw=$(python3 -c '
+import torch
+x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda"); y = torch.empty_like(x)
+a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+best = float("inf")
+for _ in range(20):
+    a.record(); y.copy_(x); b.record(); b.synchronize(); best = min(best, a.elapsed_time(b))
+print(f"{2 * x.numel() / (best * 1e-3):.4g}")' 2>> "$LOGS/copy-bandwidth.log")
+  step_bytes() {
+    "$B/akunu" inspect "$1" --json 2>/dev/null | python3 -c '
+import json, sys
+t = {x["name"]: x["bytes"] for x in json.load(sys.stdin)["tensors"]}
+print(sum(t.values()) - (t.get("token_embd.weight", 0) if "output.weight" in t else 0))'
+  }
+  row ""; row "GPU: $gpu, copy bandwidth ${copy_bw:-?} B/s"
+  row "| model | akunu pp512 | llama.cpp pp512 | ratio | akunu tg128 | llama.cpp tg128 | ratio | akunu tg128 of copy bandwidth |"
+  row "|---|---|---|---|---|---|---|---|"
   for spec in $models; do
     m=/tmp/models/${spec%%:*}-${spec##*:}.gguf
     "$B/akunu" bench -m "$m" -p 512 -n 128 -r 3 --device cuda -o md > "$LOGS/akunu-bench-$(basename $m).md" 2>"$LOGS/akunu-bench-$(basename $m).err"
@@ -176,7 +193,9 @@ if [[ $stages == *bench* ]]; then
     a_tg=$(grep tg128 "$LOGS/akunu-bench-$(basename $m).md" | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
     l_pp=$(grep pp512 "$LOGS/llamacpp-bench-$(basename $m).md" | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
     l_tg=$(grep tg128 "$LOGS/llamacpp-bench-$(basename $m).md" | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
-    row "| ${spec} | ${a_pp:-?} | ${l_pp:-?} | $(ratio "$a_pp" "$l_pp") | ${a_tg:-?} | ${l_tg:-?} | $(ratio "$a_tg" "$l_tg") |"
+    roof=$(python3 -c "import sys; t, n, bw = map(float, sys.argv[1:]); print(f'{100 * t * n / bw:.1f} %')" \
+      "$a_tg" "$(step_bytes "$m")" "$copy_bw" 2>/dev/null || echo "?")
+    row "| ${spec} | ${a_pp:-?} | ${l_pp:-?} | $(ratio "$a_pp" "$l_pp") | ${a_tg:-?} | ${l_tg:-?} | $(ratio "$a_tg" "$l_tg") | $roof |"
   done
 fi
 if [[ $stages == *flash* ]]; then
