@@ -3,7 +3,10 @@
 # kernel tests, the whole-model checks against the CPU backend, compute-sanitizer,
 # `akunu bench` beside llama.cpp on identical synthetic models, and our attention kernels beside
 # PyTorch's (flash_bench.py). Logs go to $OUT; the last lines printed are the summary table.
-#   GPU_STAGES="tests sanitize e2e profile chains batch bench flash agree sample gemv gemm ncu ncu-gemm ncu-decode" (default: tests sanitize e2e profile bench flash)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
+#   GPU_STAGES="tests sanitize e2e profile chains batch bench sweep flash agree sample gemv gemm ncu ncu-gemm ncu-decode" (default: tests sanitize e2e profile bench flash)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
+#   GPU_SWEEP="GEMV_WAVES=2 GEMV_NORM=4,GEMV_NORM_ALONE=0" (stage sweep: chip config settings,
+#   one per word, NAME=VALUE pairs joined by commas, each timed against the defaults)
+#   GPU_SWEEP_ROUNDS=2 GPU_SWEEP_ARGS="-p 0 -n 128 -r 3" (the `akunu bench` arguments)
 #   GPU_BATCH_SLOTS="1,4,8,16" (stage batch: sequences decoding together)
 #   GPU_REAL_MODEL=/path/to/gemma-3-270m-q4_k_m.gguf (stage agree: that file's logits, greedy
 #   tokens and perplexity on .gpu/ppl.txt, GPU against the CPU backend)
@@ -28,7 +31,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=c
 gpu=$(head -1 "$OUT/gpu.txt" | cut -d, -f1)
 
 # Background: llama.cpp build and the synthetic models, while the tests run.
-if [[ $stages == *bench* || $stages == *e2e* || $stages == *profile* || $stages == *chains* || $stages == *batch* || $stages == *ncu-decode* ]]; then
+if [[ $stages == *bench* || $stages == *e2e* || $stages == *profile* || $stages == *chains* || $stages == *batch* || $stages == *sweep* || $stages == *ncu-decode* ]]; then
   [[ $stages == *bench* ]] && ( bash "$G/llamacpp-peer.sh" build "$G/llama.cpp.tar.xz" > "$LOGS/llamacpp-build.log" 2>&1 ) &
   peer_pid=$!
   ( mkdir -p /tmp/models; tar xJf "$G/llama.cpp.tar.xz" -C /tmp/models ./gguf-py 2>/dev/null
@@ -196,6 +199,34 @@ print(sum(t.values()) - (t.get("token_embd.weight", 0) if "output.weight" in t e
     roof=$(python3 -c "import sys; t, n, bw = map(float, sys.argv[1:]); print(f'{100 * t * n / bw:.1f} %')" \
       "$a_tg" "$(step_bytes "$m")" "$copy_bw" 2>/dev/null || echo "?")
     row "| ${spec} | ${a_pp:-?} | ${l_pp:-?} | $(ratio "$a_pp" "$l_pp") | ${a_tg:-?} | ${l_tg:-?} | $(ratio "$a_tg" "$l_tg") | $roof |"
+  done
+fi
+if [[ $stages == *sweep* ]]; then
+  # Chip config settings against the defaults, `akunu bench` one setting after another in each
+  # round, so a drift of the GPU's clocks reaches every setting alike. Cells: t/s per round.
+  wait $synth_pid
+  sweep_args=${GPU_SWEEP_ARGS:--p 0 -n 128 -r 3}
+  row ""; row "GPU: $gpu, \`akunu bench $sweep_args\`, t/s per round (${GPU_SWEEP_ROUNDS:-2} rounds)"
+  row "| model | setting | t/s | against the defaults |"
+  row "|---|---|---|---|"
+  for spec in $models; do
+    m=/tmp/models/${spec%%:*}-${spec##*:}.gguf
+    declare -A got=()
+    for round in $(seq "${GPU_SWEEP_ROUNDS:-2}"); do
+      for setting in defaults ${GPU_SWEEP:-}; do
+        envs=(); [ "$setting" = defaults ] || for kv in ${setting//,/ }; do envs+=("AKUNU_CHIP_$kv"); done
+        t=$(env "${envs[@]}" "$B/akunu" bench -m "$m" $sweep_args --device cuda -o md 2>> "$LOGS/sweep.err" \
+          | grep -E '\| (tg|pp)[0-9]' | tail -1 | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
+        got[$setting]="${got[$setting]:+${got[$setting]} / }${t:-?}"
+      done
+    done
+    mean() { python3 -c "import sys; v=[float(x) for x in sys.argv[1].split(' / ')]; print(sum(v)/len(v))" "$1" 2>/dev/null; }
+    for setting in defaults ${GPU_SWEEP:-}; do
+      d=$(mean "${got[defaults]}"); s=$(mean "${got[$setting]}")
+      rel=$(python3 -c "import sys; a,b=map(float,sys.argv[1:]); print(f'{100*(a/b-1):+.1f} %')" "$s" "$d" 2>/dev/null || echo "?")
+      row "| $spec | $setting | ${got[$setting]} | $rel |"
+    done
+    unset got
   done
 fi
 if [[ $stages == *flash* ]]; then
