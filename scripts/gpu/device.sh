@@ -7,6 +7,7 @@
 #   GPU_SWEEP="GEMV_WAVES=2 GEMV_NORM=4,GEMV_NORM_ALONE=0" (stage sweep: chip config settings,
 #   one per word, NAME=VALUE pairs joined by commas, each timed against the defaults)
 #   GPU_SWEEP_ROUNDS=2 GPU_SWEEP_ARGS="-p 0 -n 128 -r 3" (the `akunu bench` arguments)
+#   GPU_SWEEP_MODELS="qwen3-0.6b:q4_0" (default: GPU_MODELS' list)
 #   GPU_BATCH_SLOTS="1,4,8,16" (stage batch: sequences decoding together)
 #   GPU_REAL_MODEL=/path/to/gemma-3-270m-q4_k_m.gguf (stage agree: that file's logits, greedy
 #   tokens and perplexity on .gpu/ppl.txt, GPU against the CPU backend)
@@ -209,7 +210,7 @@ if [[ $stages == *sweep* ]]; then
   row ""; row "GPU: $gpu, \`akunu bench $sweep_args\`, t/s per round (${GPU_SWEEP_ROUNDS:-2} rounds)"
   row "| model | setting | t/s | against the defaults |"
   row "|---|---|---|---|"
-  for spec in $models; do
+  for spec in ${GPU_SWEEP_MODELS:-$models}; do
     m=/tmp/models/${spec%%:*}-${spec##*:}.gguf
     declare -A got=()
     for round in $(seq "${GPU_SWEEP_ROUNDS:-2}"); do
