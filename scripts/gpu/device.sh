@@ -217,7 +217,7 @@ if [[ $stages == *sweep* ]]; then
       for setting in defaults ${GPU_SWEEP:-}; do
         envs=(); [ "$setting" = defaults ] || for kv in ${setting//,/ }; do envs+=("AKUNU_CHIP_$kv"); done
         t=$(env "${envs[@]}" "$B/akunu" bench -m "$m" $sweep_args --device cuda -o md 2>> "$LOGS/sweep.err" \
-          | grep -E '\| (tg|pp)[0-9]' | tail -1 | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
+          | grep -E '\| *(tg|pp)[0-9]+ *\|' | tail -1 | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
         got[$setting]="${got[$setting]:+${got[$setting]} / }${t:-?}"
       done
     done
