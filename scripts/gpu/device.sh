@@ -73,6 +73,10 @@ if [[ $stages == *tests* ]]; then
       if AKUNU_CHIP_GEMV_NORM=$n "$B/test-matmul" residual_norm --test-threads 1 > "$LOGS/test-matmul-norm$n.log" 2>&1; then r=pass; else r=FAIL; fi
       row "test test-matmul residual_norm, at most $n blocks per group: $r"
     done
+    # Every o product's form (input already quantized) releasing the next kernel before its
+    # wait, not only the chip config's choice.
+    if AKUNU_CHIP_GEMV_NORM_RELEASE=2 "$B/test-matmul" residual_norm --test-threads 1 > "$LOGS/test-matmul-norm-release.log" 2>&1; then r=pass; else r=FAIL; fi
+    row "test test-matmul residual_norm, released before the wait: $r"
     # The tests' small launches take whole SMs by default; here they share them as large ones do.
     if AKUNU_CHIP_GEMV_NORM_ALONE=0 "$B/test-matmul" residual_norm --test-threads 1 > "$LOGS/test-matmul-norm-shared.log" 2>&1; then r=pass; else r=FAIL; fi
     row "test test-matmul residual_norm, blocks sharing SMs: $r"

@@ -82,6 +82,14 @@ pub struct ChipConfig {
     /// (docs/perf/2026-11-24-row-dots-ring.md). Launches that fill the GPU keep the early start
     /// beside them. 0: never.
     pub gemv_norm_alone: usize,
+    /// Which residual norm products over an input already quantized (the attention block's o
+    /// projection) release the next kernel before their wait, as narrow products do: 0 none;
+    /// 1 (default) those over Q4_0 weights whose blocks share SMs (not `gemv_norm_alone`);
+    /// 2 all. On an H100, all against none: tg128 +1.7 % (llama3.2-1b q4_0), +1.8 %
+    /// (llama3.1-8b q4_0), but −0.4 % on qwen3-0.6b q4_0 (its o blocks alone), −0.8 % on
+    /// qwen3-4b q4_k and −0.9 % on llama3.1-8b q4_k
+    /// (docs/perf/2026-12-06-o-product-release.md).
+    pub gemv_norm_release: usize,
     /// Decode steps launch their kernels with programmatic dependent launch (Hopper and later),
     /// so each one is scheduled while its predecessor drains; `AKUNU_CHIP_DEPENDENT_LAUNCH=0`
     /// turns it off.
@@ -212,6 +220,7 @@ impl ChipConfig {
             gemv_norm_split_bytes: env_override("gemv_norm_split_bytes", 2 << 20),
             gemv_norm_quant: env_override("gemv_norm_quant", 16384),
             gemv_norm_alone: env_override("gemv_norm_alone", sm_count / 2),
+            gemv_norm_release: env_override("gemv_norm_release", 1),
             dependent_launch: major >= 9 && env_override("dependent_launch", 1) != 0,
             rope_in_attention_from: env_override("rope_in_attention_from", 0),
             sample_splits: env_override("sample_splits", crate::sample::MAX_SPLITS)

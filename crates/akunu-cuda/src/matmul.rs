@@ -1480,7 +1480,8 @@ pub fn gemv_residual_norm(
     let grid = rows / GROUP * ks;
     // All an SM's shared memory where few blocks leave most SMs to the next kernel (the chip
     // config's `gemv_norm_alone`).
-    let smem = if grid <= gpu.chip.gemv_norm_alone {
+    let alone = grid <= gpu.chip.gemv_norm_alone;
+    let smem = if alone {
         max_norm_quant_smem(gpu)
     } else {
         smem
@@ -1498,9 +1499,16 @@ pub fn gemv_residual_norm(
     gemv.m = 1;
     gemv.ksplit = ks as i32;
     gemv.parts = 1;
-    // Released past the wait: the o product released first measured 2.1 % slower on
-    // qwen3-4b q4_k, the down product 3 % on qwen3-0.6b (docs/perf/2026-11-24-early-release.md).
-    gemv.early = start_mode(k.early, false);
+    // The o product (input quantized already) releases the next kernel before its wait where
+    // the chip config's `gemv_norm_release` says; the down product always after it (released
+    // first, 3 % slower on qwen3-0.6b: docs/perf/2026-11-24-early-release.md).
+    let release_first = !quant_in
+        && match gpu.chip.gemv_norm_release {
+            0 => false,
+            1 => w.ty == GgmlType::Q4_0 && !alone,
+            _ => true,
+        };
+    gemv.early = start_mode(k.early, release_first);
     gemv.blocks = (rows / GROUP) as i32;
     let params = NormParams {
         gemv,
