@@ -50,50 +50,44 @@ if [[ $stages == *tests* ]]; then
     if "$t" --test-threads 1 > "$LOGS/$n.log" 2>&1; then r=pass; else r=FAIL; fi
     row "test $n: $r ($(grep -E '^test result' "$LOGS/$n.log" | tail -1))"
   done
-  # The whole-model checks again with the token's RoPE and KV store in a launch of their own.
-  if [[ -z ${GPU_TESTS:-} || " $GPU_TESTS " == *" test-backend "* ]]; then
-    if AKUNU_CHIP_ROPE_IN_ATTENTION_FROM=100000 "$B/test-backend" --test-threads 1 > "$LOGS/test-backend-rope.log" 2>&1; then r=pass; else r=FAIL; fi
-    row "test test-backend, RoPE in a launch of its own: $r"
-  fi
-  # The whole-model checks with decode attention in blocks of 4 warps (8 by default, where they
-  # fit).
-  if [[ -z ${GPU_TESTS:-} || " $GPU_TESTS " == *" test-backend "* ]]; then
-    if AKUNU_CHIP_DECODE_WARPS=4 "$B/test-backend" --test-threads 1 > "$LOGS/test-backend-warps4.log" 2>&1; then r=pass; else r=FAIL; fi
-    row "test test-backend, decode blocks of 4 warps: $r"
-  fi
+  # The same executables under other chip configs, side by side once the plain runs are done:
+  # most of their time is the host's references, and the variants of test-matmul and
+  # test-backend one after another outlast a call. GPU contexts of separate processes take
+  # turns, so no variant's launches share SMs with another's. Rows in the order listed.
+  variants=()
+  variant() {  # log name, executable, row text, settings (NAME=VALUE, AKUNU_CHIP_ added), test filter...
+    local log=$1 exe=$2 text=$3 settings=$4; shift 4
+    [[ -z ${GPU_TESTS:-} || " $GPU_TESTS " == *" $exe "* ]] || return 0
+    local envs=(); for kv in ${settings//,/ }; do envs+=("AKUNU_CHIP_$kv"); done
+    ( if env "${envs[@]}" "$B/$exe" "$@" --test-threads 1 > "$LOGS/$log.log" 2>&1; then echo pass; else echo FAIL; fi > "$LOGS/$log.rc" ) &
+    variants+=("$!|$log|test $exe$text")
+  }
+  # The whole-model checks with the token's RoPE and KV store in a launch of their own, with
+  # decode attention in blocks of 4 warps (8 by default, where they fit), and with the norms
+  # apart from the products.
+  variant test-backend-rope test-backend ", RoPE in a launch of its own" ROPE_IN_ATTENTION_FROM=100000
+  variant test-backend-warps4 test-backend ", decode blocks of 4 warps" DECODE_WARPS=4
+  variant test-backend-norms test-backend ", norms apart from the products" GEMV_NORM=0
   # Decode attention planned for every block that fits an SM, not one block per SM.
-  if [[ -z ${GPU_TESTS:-} || " $GPU_TESTS " == *" test-flash "* ]]; then
-    if AKUNU_CHIP_DECODE_SPREAD=0 "$B/test-flash" --test-threads 1 > "$LOGS/test-flash-packed.log" 2>&1; then r=pass; else r=FAIL; fi
-    row "test test-flash, decode blocks packed as they fit: $r"
-  fi
-  # The residual norm products on one block per row group and on clusters of up to 4, and the
-  # whole-model checks with the norms apart.
-  if [[ -z ${GPU_TESTS:-} || " $GPU_TESTS " == *" test-matmul "* ]]; then
-    for n in 1 4; do
-      if AKUNU_CHIP_GEMV_NORM=$n "$B/test-matmul" residual_norm --test-threads 1 > "$LOGS/test-matmul-norm$n.log" 2>&1; then r=pass; else r=FAIL; fi
-      row "test test-matmul residual_norm, at most $n blocks per group: $r"
-    done
-    # Every o product's form (input already quantized) releasing the next kernel before its
-    # wait, not only the chip config's choice.
-    if AKUNU_CHIP_GEMV_NORM_RELEASE=2 "$B/test-matmul" residual_norm --test-threads 1 > "$LOGS/test-matmul-norm-release.log" 2>&1; then r=pass; else r=FAIL; fi
-    row "test test-matmul residual_norm, released before the wait: $r"
-    # The tests' small launches take whole SMs by default; here they share them as large ones do.
-    if AKUNU_CHIP_GEMV_NORM_ALONE=0 "$B/test-matmul" residual_norm --test-threads 1 > "$LOGS/test-matmul-norm-shared.log" 2>&1; then r=pass; else r=FAIL; fi
-    row "test test-matmul residual_norm, blocks sharing SMs: $r"
-  fi
-  if [[ -z ${GPU_TESTS:-} || " $GPU_TESTS " == *" test-backend "* ]]; then
-    if AKUNU_CHIP_GEMV_NORM=0 "$B/test-backend" --test-threads 1 > "$LOGS/test-backend-norms.log" 2>&1; then r=pass; else r=FAIL; fi
-    row "test test-backend, norms apart from the products: $r"
-  fi
+  variant test-flash-packed test-flash ", decode blocks packed as they fit" DECODE_SPREAD=0
   # The mma.sync prefill kernel, which Hopper runs only at head sizes without a wgmma one.
-  if [[ -z ${GPU_TESTS:-} || " $GPU_TESTS " == *" test-flash "* ]]; then
-    if AKUNU_CHIP_WGMMA_ATTENTION=0 "$B/test-flash" --test-threads 1 > "$LOGS/test-flash-mma.log" 2>&1; then r=pass; else r=FAIL; fi
-    row "test test-flash, mma.sync prefill at every head size: $r"
-    # The wgmma prefill on two persistent blocks: each block takes many work items in turn, and
-    # at head size 256 the tests' launches take 128-row tiles (64 on a block per SM).
-    if AKUNU_CHIP_WGMMA_PREFILL_BLOCKS=2 "$B/test-flash" --test-threads 1 > "$LOGS/test-flash-2blocks.log" 2>&1; then r=pass; else r=FAIL; fi
-    row "test test-flash, wgmma prefill on 2 blocks: $r"
-  fi
+  variant test-flash-mma test-flash ", mma.sync prefill at every head size" WGMMA_ATTENTION=0
+  # The wgmma prefill on two persistent blocks: each block takes many work items in turn, and at
+  # head size 256 the tests' launches take 128-row tiles (64 on a block per SM).
+  variant test-flash-2blocks test-flash ", wgmma prefill on 2 blocks" WGMMA_PREFILL_BLOCKS=2
+  # The residual norm products on one block per row group and on clusters of up to 4; every o
+  # product's form (input already quantized) releasing the next kernel before its wait, not
+  # only the chip config's choice; the tests' small launches, which take whole SMs by default,
+  # sharing them as large ones do.
+  variant test-matmul-norm1 test-matmul " residual_norm, at most 1 blocks per group" GEMV_NORM=1 residual_norm
+  variant test-matmul-norm4 test-matmul " residual_norm, at most 4 blocks per group" GEMV_NORM=4 residual_norm
+  variant test-matmul-norm-release test-matmul " residual_norm, every o product released before its wait" GEMV_NORM_RELEASE=2 residual_norm
+  variant test-matmul-norm-shared test-matmul " residual_norm, blocks sharing SMs" GEMV_NORM_ALONE=0 residual_norm
+  for v in "${variants[@]}"; do
+    IFS='|' read -r pid log text <<< "$v"
+    wait "$pid"
+    row "$text: $(cat "$LOGS/$log.rc" 2>/dev/null || echo FAIL)"
+  done
 fi
 
 if [[ $stages == *sanitize* ]]; then
