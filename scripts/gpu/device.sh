@@ -28,6 +28,8 @@ summary=$OUT/summary.txt; : > "$summary"
 row() { echo "$*" | tee -a "$summary"; }
 # a / b to two decimals, "?" when either is missing.
 ratio() { python3 -c "import sys; a,b=sys.argv[1:]; print(f'{float(a)/float(b):.2f}')" "$1" "$2" 2>/dev/null || echo "?"; }
+# Chip config settings (NAME=VALUE pairs joined by commas) as the environment array `envs`.
+chip_envs() { envs=(); for kv in ${1//,/ }; do envs+=("AKUNU_CHIP_$kv"); done; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 gpu=$(head -1 "$OUT/gpu.txt" | cut -d, -f1)
 
@@ -58,7 +60,7 @@ if [[ $stages == *tests* ]]; then
   variant() {  # log name, executable, row text, settings (NAME=VALUE, AKUNU_CHIP_ added), test filter...
     local log=$1 exe=$2 text=$3 settings=$4; shift 4
     [[ -z ${GPU_TESTS:-} || " $GPU_TESTS " == *" $exe "* ]] || return 0
-    local envs=(); for kv in ${settings//,/ }; do envs+=("AKUNU_CHIP_$kv"); done
+    local envs; chip_envs "$settings"
     ( if env "${envs[@]}" "$B/$exe" "$@" --test-threads 1 > "$LOGS/$log.log" 2>&1; then echo pass; else echo FAIL; fi > "$LOGS/$log.rc" ) &
     variants+=("$!|$log|test $exe$text")
   }
@@ -208,18 +210,18 @@ if [[ $stages == *sweep* ]]; then
   row ""; row "GPU: $gpu, \`akunu bench $sweep_args\`, t/s per round (${GPU_SWEEP_ROUNDS:-2} rounds)"
   row "| model | setting | t/s | against the defaults |"
   row "|---|---|---|---|"
+  mean() { python3 -c "import sys; v=[float(x) for x in sys.argv[1].split(' / ')]; print(sum(v)/len(v))" "$1" 2>/dev/null; }
   for spec in ${GPU_SWEEP_MODELS:-$models}; do
     m=/tmp/models/${spec%%:*}-${spec##*:}.gguf
     declare -A got=()
     for round in $(seq "${GPU_SWEEP_ROUNDS:-2}"); do
       for setting in defaults ${GPU_SWEEP:-}; do
-        envs=(); [ "$setting" = defaults ] || for kv in ${setting//,/ }; do envs+=("AKUNU_CHIP_$kv"); done
+        chip_envs "${setting#defaults}"
         t=$(env "${envs[@]}" "$B/akunu" bench -m "$m" $sweep_args --device cuda -o md 2>> "$LOGS/sweep.err" \
           | grep -E '\| *(tg|pp)[0-9]+ *\|' | tail -1 | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
         got[$setting]="${got[$setting]:+${got[$setting]} / }${t:-?}"
       done
     done
-    mean() { python3 -c "import sys; v=[float(x) for x in sys.argv[1].split(' / ')]; print(sum(v)/len(v))" "$1" 2>/dev/null; }
     for setting in defaults ${GPU_SWEEP:-}; do
       d=$(mean "${got[defaults]}"); s=$(mean "${got[$setting]}")
       rel=$(python3 -c "import sys; a,b=map(float,sys.argv[1:]); print(f'{100*(a/b-1):+.1f} %')" "$s" "$d" 2>/dev/null || echo "?")
