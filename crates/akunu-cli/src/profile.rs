@@ -19,6 +19,15 @@ pub fn run(path: &Path, n_prompt: usize, n_gen: usize, args: &EngineArgs) -> Res
 
     let session = &mut loaded.session;
     println!("{}", akunu_core::Backend::describe(session.backend()));
+    if session.backend().gpu_name().is_some() {
+        // Events between ops need launches one at a time: no graphs, and no launch starting
+        // while the one before drains (qwen3-0.6b: ~1.2 ms of ops a step here, ~0.4 ms a
+        // step in `bench`; docs/perf/2026-12-06-host-free-timing.md).
+        println!(
+            "note: each op is timed alone, without graphs or overlapping launches; \
+             `run` and `bench` decode faster than these sums"
+        );
+    }
     if n_prompt > 0 {
         session.backend_mut().set_profiling(true);
         let t = Instant::now();
