@@ -202,6 +202,11 @@ fn cache_entry(key: &ModuleKey) -> Result<(Option<PathBuf>, String, Vec<String>)
     Ok((path, src, options))
 }
 
+/// The file that keeps `key`'s cubin in the disk cache (None without a cache directory).
+pub fn cache_path(key: &ModuleKey) -> Result<Option<PathBuf>, CudaError> {
+    cache_entry(key).map(|(path, _, _)| path)
+}
+
 /// Whether `key`'s module is in the disk cache, so [`compile`] would only read it.
 pub fn is_cached(key: &ModuleKey) -> bool {
     nvrtc_present()

@@ -4,6 +4,10 @@
 //! the branch that issued its group; the kernel then runs, several times slower). Needs only
 //! libnvrtc, no GPU: CI installs the `nvidia-cuda-nvrtc` wheel and sets
 //! `AKUNU_REQUIRE_NVRTC=1`, so the test cannot pass by skipping there.
+//!
+//! `AKUNU_NVRTC_KEEP=DIR` (a new or empty directory) compiles into DIR and keeps the cubins,
+//! with `modules.txt` naming each one's source, architecture and defines, for
+//! `scripts/gpu/sass.sh` to read their registers, spills and SASS without a GPU.
 
 use akunu_cuda::compile::{self, ModuleKey};
 
@@ -17,7 +21,16 @@ fn every_kernel_module_compiles() {
         eprintln!("skipped: libnvrtc cannot be loaded");
         return;
     }
-    let dir = tempfile_dir();
+    let keep = std::env::var_os("AKUNU_NVRTC_KEEP").map(std::path::PathBuf::from);
+    let dir = match &keep {
+        Some(d) => {
+            std::fs::create_dir_all(d).unwrap();
+            let used = std::fs::read_dir(d).unwrap().next().is_some();
+            assert!(!used, "AKUNU_NVRTC_KEEP={}: not empty", d.display());
+            d.clone()
+        }
+        None => tempfile_dir(),
+    };
     std::env::set_var("AKUNU_KERNEL_CACHE", &dir);
     let modules = akunu_cuda::all_modules();
     assert!(modules.len() >= 10, "only {} modules listed", modules.len());
@@ -56,7 +69,21 @@ fn every_kernel_module_compiles() {
             key.file
         );
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    if keep.is_some() {
+        let manifest: String = keys
+            .iter()
+            .filter_map(|k| {
+                let path = compile::cache_path(k).ok()??;
+                let defines: Vec<String> =
+                    k.defines.iter().map(|(n, v)| format!("{n}={v}")).collect();
+                let name = path.file_name()?.to_string_lossy().into_owned();
+                Some(format!("{name}\t{}\t{}\n", k.arch, defines.join(" ")))
+            })
+            .collect();
+        std::fs::write(dir.join("modules.txt"), manifest).unwrap();
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
