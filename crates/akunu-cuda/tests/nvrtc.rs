@@ -72,12 +72,14 @@ fn every_kernel_module_compiles() {
     if keep.is_some() {
         let manifest: String = keys
             .iter()
-            .filter_map(|k| {
-                let path = compile::cache_path(k).ok()??;
+            .map(|k| {
+                let path = compile::cache_path(k)
+                    .unwrap()
+                    .expect("a cache directory is set");
                 let defines: Vec<String> =
                     k.defines.iter().map(|(n, v)| format!("{n}={v}")).collect();
-                let name = path.file_name()?.to_string_lossy().into_owned();
-                Some(format!("{name}\t{}\t{}\n", k.arch, defines.join(" ")))
+                let name = path.file_name().unwrap().to_string_lossy();
+                format!("{name}\t{}\t{}\n", k.arch, defines.join(" "))
             })
             .collect();
         std::fs::write(dir.join("modules.txt"), manifest).unwrap();
