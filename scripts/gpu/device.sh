@@ -3,7 +3,7 @@
 # kernel tests, the whole-model checks against the CPU backend, compute-sanitizer,
 # `akunu bench` beside llama.cpp on identical synthetic models, and our attention kernels beside
 # PyTorch's (flash_bench.py). Logs go to $OUT; the last lines printed are the summary table.
-#   GPU_STAGES="tests sanitize e2e profile chains batch bench sweep flash agree sample gemv gemm ncu ncu-gemm ncu-decode" (default: tests sanitize e2e profile bench flash)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
+#   GPU_STAGES="tests sanitize e2e profile chains batch bench sweep flash timeline agree sample gemv gemm ncu ncu-gemm ncu-decode" (default: tests sanitize e2e profile bench flash)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
 #   GPU_SWEEP="GEMV_WAVES=2 GEMV_NORM=4,GEMV_NORM_ALONE=0" (stage sweep: chip config settings,
 #   one per word, NAME=VALUE pairs joined by commas, each timed against the defaults)
 #   GPU_SWEEP_ROUNDS=2 GPU_SWEEP_ARGS="-p 0 -n 128 -r 3" (the `akunu bench` arguments)
@@ -242,6 +242,15 @@ if [[ $stages == *flash* ]]; then
     rc=${PIPESTATUS[0]}
     [ "$rc" = 0 ] || row "flash bench $args: FAIL ($(tail -1 "$LOGS/flash-bench.log"))"
   done
+fi
+if [[ $stages == *timeline* ]]; then
+  # Where the wgmma prefill kernel's time goes: each prefill row once on a timeline build
+  # (flash-bench --timeline), summarised by flash_timeline.py into timeline.md.
+  wait
+  "$B/flash-bench" --shapes prefill --iters 5 --timeline "$LOGS/timeline" > "$LOGS/timeline-bench.log" 2>&1
+  rc=$?
+  python3 scripts/gpu/flash_timeline.py "$LOGS"/timeline/*.timeline > "$OUT/timeline.md" 2>&1
+  row "prefill timelines: $([ $rc = 0 ] && echo "in timeline.md" || echo "FAIL ($(tail -1 "$LOGS/timeline-bench.log"))")"
 fi
 if [[ $stages == *batch* ]]; then
   # Continuous batching's decode: tokens drawn on the device after each pass against drawn by

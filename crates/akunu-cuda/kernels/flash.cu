@@ -3,7 +3,8 @@
 //
 // Compiled per element type and head sizes: -DHEAD_DIM, -DHEAD_DIM_V (16..256, multiples of
 // 16), -DKV_BF16 (K, V and Q are bf16, else f16), -DQ_F32 (queries are read as f32 and rounded to
-// the element type), -DOUT_F32 (output rows are f32, else the element type), -DFLASH_DEBUG.
+// the element type), -DOUT_F32 (output rows are f32, else the element type), -DFLASH_DEBUG,
+// -DFLASH_TIMELINE (flash_prefill_wg's per-step timeline, see Timeline).
 //
 // Plan:
 // 1. Rows, not heads: a block owns query rows of one KV head, packed as (token, query head of
@@ -1052,6 +1053,68 @@ __device__ __forceinline__ Work wg_work(const FlashParams& p, u32 i) {
     return Work{in_band / heads, band * band_heads + in_band % heads, z, p.wg_heads};
 }
 
+// Timeline builds (-DFLASH_TIMELINE; flash-bench --timeline): one thread of each consumer
+// warpgroup (streams 0 and 1) and of the loading warp (stream 2) writes pairs of 32-bit words,
+// (SM clock, event << 24 | value), into p.debug: WG_TIMELINE_RECORDS pairs a stream, three
+// streams a block, for blocks below p.debug_tiles. The host clears the buffer, so a stream
+// ends at its first zero pair; a stream that fills up drops the rest. MARK_NS pairs hold the
+// global timer's low 32 bits (ns) in place of the clock, to convert cycles to time. The host
+// mirrors these numbers (`TIMELINE_*` in src/flash.rs).
+constexpr u32 WG_TIMELINE_RECORDS = 16384, WG_TIMELINE_STREAMS = 3;
+enum WgMark : u32 {
+    MARK_START = 1,  // the stream begins (value 0)
+    MARK_NS,         // global timer (value 0)
+    MARK_ITEM,       // a work item begins (value: the item)
+    MARK_WAIT_K,     // step j begins: waiting for K_j and the turn (value: j)
+    MARK_ISSUE,      // S_j (and P_{j-1} V_{j-1}) about to be issued
+    MARK_SCORES,     // S_j has landed
+    MARK_STEP,       // step j's probabilities packed
+    MARK_LAST_PV,    // the item's last P V has landed (value: the item's steps)
+    MARK_STORED,     // the item's rows are stored (value: the item)
+    MARK_END,        // no item left (value: items taken)
+    MARK_LOAD_K,     // the loading warp issues K_n (value: n, the block's steps so far)
+    MARK_LOAD_V,     // ... and V_n
+};
+struct Timeline {
+#ifdef FLASH_TIMELINE
+    u32* at = nullptr;
+    u32 n = 0;
+    __device__ __forceinline__ Timeline(const FlashParams& p, u32 stream, bool writer) {
+        if (writer && p.debug && blockIdx.x < p.debug_tiles)
+            at = (u32*)p.debug + 2ull * WG_TIMELINE_RECORDS * (blockIdx.x * WG_TIMELINE_STREAMS + stream);
+    }
+    __device__ __forceinline__ void put(u32 word, u32 event, u32 value) {
+        if (at && n < WG_TIMELINE_RECORDS)
+            asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(at + 2 * n), "r"(word),
+                         "r"(event << 24 | (value & 0xffffffu))
+                         : "memory");
+        ++n;
+    }
+    __device__ __forceinline__ void mark(u32 event, u32 value) {
+        u32 t;
+        asm volatile("mov.u32 %0, %%clock;" : "=r"(t)::"memory");
+        put(t, event, value);
+    }
+    __device__ __forceinline__ void global_time() {
+        u64 t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+        put((u32)t, MARK_NS, 0);
+    }
+#else
+    __device__ __forceinline__ Timeline(const FlashParams&, u32, bool) {}
+    __device__ __forceinline__ void mark(u32, u32) {}
+    __device__ __forceinline__ void global_time() {}
+#endif
+    __device__ __forceinline__ void begin() {
+        mark(MARK_START, 0);
+        global_time();
+    }
+    __device__ __forceinline__ void end(u32 items) {
+        mark(MARK_END, items);
+        global_time();
+    }
+};
+
 // What the producer tells the consumers about an item, with its queries (a slot per item in
 // flight).
 struct WgItem {
@@ -1138,6 +1201,8 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
             }
         } else {
             u32 n = 0;  // steps so far
+            Timeline tl(p, 2, lane == 0);
+            tl.begin();
             for (;; ++m) {
                 const u32 i = wait_item(m);
                 if (i >= n_items) break;
@@ -1154,11 +1219,14 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
                 mbar_arrive(smem_addr(&q_empty[m & 1]));
                 for (u32 k0 = kb; k0 < ke; k0 += BN_, ++n) {
                     if (n >= WG_STAGES) mbar_wait(bar(empty_at, 0, n), ring_parity(n) ^ 1);
+                    tl.mark(MARK_LOAD_K, n);
                     wg_load_tile<D / 8, KROW>(p, p.tma_k, k_tile(n), kg, p.k_pos, k0, ke, g, seq, bar(full_at, 0, n), lane);
                     if (n >= WG_STAGES) mbar_wait(bar(empty_at, 1, n), ring_parity(n) ^ 1);
+                    tl.mark(MARK_LOAD_V, n);
                     wg_load_tile<DV / 8, VROW>(p, p.tma_v, v_tile(n), vg, p.v_pos, k0, ke, g, seq, bar(full_at, 1, n), lane);
                 }
             }
+            tl.end(m);
         }
         cp_async_wait_all();
     } else {
@@ -1174,9 +1242,12 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
         const u32 q_rows = cw * 64 * 128;
         u32 n = 0, m = 0;
         Work last{};
+        Timeline tl(p, cw, (tid & 127) == 0);
+        tl.begin();
         for (;; ++m) {
             const u32 i = wait_item(m);
             if (i >= n_items) break;
+            tl.mark(MARK_ITEM, i);
             const u32 slot = m & 1;
             const WgItem& it = items[slot];
             const Work w = wg_work(p, i);
@@ -1210,9 +1281,11 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
             for (int j = 0; j < steps; ++j, ++n) {
                 // cp.async writes through the generic proxy, wgmma reads through the async one
                 // (as tensor copies write).
+                tl.mark(MARK_WAIT_K, j);
                 mbar_wait(bar(full_at, 0, n), ring_parity(n));
                 if (!wg_by_tma(p, kb + j * BN_, ke)) fence_async_shared();
                 wg_take_turn(cw);
+                tl.mark(MARK_ISSUE, j);
                 const u64 k_desc = wgmma_desc(k_tile(n), 16, 1024);
                 float s[1][BN_ / 8][4];
                 wgmma_fence();
@@ -1239,6 +1312,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
                 }
                 wgmma_fence_regs(s[0]);
                 if (lane == 0) mbar_arrive(bar(empty_at, 0, n));
+                tl.mark(MARK_SCORES, j);
 
                 const u32 k0 = kb + j * BN_;
                 const bool whole = by_range && k0 >= see_lo && k0 + BN_ <= see_hi;
@@ -1252,6 +1326,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
                 rescale_out<1>(st, corr, same);
 #pragma unroll
                 for (int kk = 0; kk < BN_ / 16; ++kk) prob_frag<BN_>(s[0], kk, a[kk]);
+                tl.mark(MARK_STEP, j);
             }
             // Every S = Q K^T of the item was waited for: the queries' slot may be refilled.
             if constexpr (WG_QSLOTS == 1)
@@ -1266,9 +1341,11 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
                 wgmma_fence_regs(st[0].o);
                 wgmma_fence_operands(a);
                 if (lane == 0) mbar_arrive(bar(empty_at, 1, n - 1));
+                tl.mark(MARK_LAST_PV, steps);
             }
 
             store_rows<1>(p, w.z, st, rows, it.row_tok, it.row_head, lane);
+            tl.mark(MARK_STORED, i);
             // Every consumer thread arrives after its own last read of the slot, which the
             // preparing warps rewrite once the phase completes: the release then covers each
             // read without leaning on the warp barrier before a lane-0 arrival (ptxas compiles
@@ -1276,6 +1353,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
             mbar_arrive(smem_addr(&q_empty[slot]));
             last = w;
         }
+        tl.end(m);
         if (cw == 0) wg_take_turn(cw);
         // Split-KV launches give each block one item (the host), whose slot no later item
         // reuses. The merge stays out of the item loop: inside it, ptxas serialises every

@@ -72,6 +72,15 @@ const WG_ALIGN: usize = 1024;
 const COUNTERS: usize = 4096;
 const COUNTER_BYTES: usize = COUNTERS * 4;
 
+/// A timeline build's records a stream and streams a block (`WG_TIMELINE_*` in flash.cu).
+pub const TIMELINE_RECORDS: usize = 16384;
+pub const TIMELINE_STREAMS: usize = 3;
+
+/// Bytes of the timeline buffer for `blocks` blocks (see [`FlashArgs::debug`]).
+pub fn timeline_bytes(blocks: usize) -> usize {
+    blocks * TIMELINE_STREAMS * TIMELINE_RECORDS * 8
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FlashDtype {
     F16,
@@ -90,6 +99,8 @@ pub struct FlashConfig {
     pub out_f32: bool,
     /// Build with the per-step dump of the first block's state (see [`FlashArgs::debug`]).
     pub debug: bool,
+    /// Build `flash_prefill_wg` with its per-step timeline (see [`FlashArgs::debug`]).
+    pub timeline: bool,
     /// Warps of a decode block, 8 or 4 ([`FlashConfig::with_decode_warps`]).
     pub decode_warps: usize,
 }
@@ -107,6 +118,7 @@ impl FlashConfig {
             q_f32: false,
             out_f32: false,
             debug: false,
+            timeline: false,
             decode_warps: 4,
         }
         .with_decode_warps(8)
@@ -181,6 +193,14 @@ impl FlashConfig {
         }
     }
 
+    /// With `flash_prefill_wg`'s timeline (see [`FlashArgs::debug`]).
+    pub fn with_timeline(self) -> FlashConfig {
+        FlashConfig {
+            timeline: true,
+            ..self
+        }
+    }
+
     /// Whether the kernels are built for a head size: a multiple of 16 up to 256.
     pub fn supports(head_dim: usize) -> bool {
         head_dim > 0 && head_dim.is_multiple_of(16) && head_dim <= 256
@@ -206,6 +226,9 @@ impl FlashConfig {
         ];
         if self.debug {
             d.push(("FLASH_DEBUG", "1".into()));
+        }
+        if self.timeline {
+            d.push(("FLASH_TIMELINE", "1".into()));
         }
         d
     }
@@ -285,6 +308,7 @@ pub fn modules() -> Vec<ModuleSpec> {
         configs.push(FlashConfig::new(FlashDtype::Bf16, d, d));
     }
     configs.push(FlashConfig::new(FlashDtype::F16, 128, 128).with_debug());
+    configs.push(FlashConfig::new(FlashDtype::Bf16, 128, 128).with_timeline());
     for d in [32, 64, 128] {
         configs.push(
             FlashConfig::new(FlashDtype::F16, d, d)
@@ -338,7 +362,10 @@ pub struct FlashArgs {
     /// With a [`FlashConfig::debug`] build: f32 buffer for `debug_steps` steps of the state of
     /// the first block's first 16 rows (layout in [`FlashConfig::debug_step_floats`]). In such
     /// a build, decode gives all of a block's keys to its first warp, so the steps are
-    /// consecutive.
+    /// consecutive. With a [`FlashConfig::timeline`] build: a zeroed buffer of
+    /// [`timeline_bytes`]`(debug_steps)` that `flash_prefill_wg`'s first `debug_steps` blocks
+    /// fill with their timelines ([`TIMELINE_STREAMS`] streams a block of
+    /// [`TIMELINE_RECORDS`] (clock, event) pairs of u32, as `Timeline` in flash.cu writes them).
     pub debug: u64,
     pub debug_steps: usize,
     /// (levels, sums): the outputs also in the GEMVs' int8 form (`kernels/actq.cuh`), a row of
@@ -971,7 +998,11 @@ impl FlashKernels {
             part_o: if split { scratch.at(o_at) } else { 0 },
             part_lse: if split { scratch.at(lse_at) } else { 0 },
             counters: scratch.buf.ptr(),
-            debug: if self.cfg.debug { a.debug } else { 0 },
+            debug: if self.cfg.debug || self.cfg.timeline {
+                a.debug
+            } else {
+                0
+            },
             act_q: a.int8_out.map_or(0, |o| o.0),
             act_s: a.int8_out.map_or(0, |o| o.1),
             k_new: a.rope.map_or(0, |r| r.k_new),

@@ -2,7 +2,7 @@
 //! JSON line per shape, for `scripts/gpu/flash_bench.py` to set beside PyTorch's SDPA.
 //!
 //!   flash-bench [--dtype bf16|f16] [--iters N] [--warmup N] [--shapes prefill,decode]
-//!               [--head-dim D] [--flush write|read]
+//!               [--head-dim D] [--flush write|read] [--timeline DIR]
 //!
 //! Each shape is checked first: a few (token, head) rows of the output against an f32 host
 //! reference; a row out of tolerance puts an `error` beside the timing. A time is the median
@@ -12,11 +12,20 @@
 //! write back) or reads it (L2 is left clean, as a decode step finds it after the weight
 //! reads of its projections). FLOPs count
 //! 4·B·H·S²·D, halved when causal; decode GB/s counts the K and V bytes read.
+//!
+//! With `--timeline DIR`, each prefill shape also runs once on a timeline build of the wgmma
+//! prefill kernel, whose blocks record when each step waits, issues and gets its scores
+//! (`Timeline` in flash.cu); the records go to `DIR/<shape>.timeline` for
+//! `scripts/gpu/flash_timeline.py`.
 
 use std::error::Error;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use akunu_cuda::flash::{FlashArgs, FlashConfig, FlashDtype, FlashKernels, FlashScratch, Queries};
+use akunu_cuda::flash::{
+    timeline_bytes, FlashArgs, FlashConfig, FlashDtype, FlashKernels, FlashScratch, Queries,
+    TIMELINE_RECORDS, TIMELINE_STREAMS,
+};
 use akunu_cuda::{DeviceBuffer, Gpu};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::CudaEvent;
@@ -26,7 +35,7 @@ type Res<T> = Result<T, Box<dyn Error>>;
 
 const USAGE: &str =
     "usage: flash-bench [--dtype bf16|f16] [--iters N] [--warmup N] [--shapes prefill,decode] \
-     [--head-dim D] [--flush write|read]";
+     [--head-dim D] [--flush write|read] [--timeline DIR]";
 
 /// Both dtypes are two bytes, and so is the output.
 const ELEM_BYTES: usize = 2;
@@ -110,6 +119,15 @@ impl Shape {
         }
     }
 
+    /// The file name of this shape's timeline.
+    fn timeline_name(&self) -> String {
+        let mask = if self.causal { "causal" } else { "full" };
+        format!(
+            "prefill-b{}-h{}-s{}-d{}-{mask}.timeline",
+            self.b, self.h, self.s, self.d
+        )
+    }
+
     fn kv_bytes(&self, elem: usize) -> f64 {
         (2 * self.b * self.hkv * self.kv * self.d * elem) as f64
     }
@@ -184,6 +202,8 @@ struct Options {
     /// Only the shapes of this head size (a profiler then sees only their launches).
     head_dim: Option<usize>,
     flush: FlushKind,
+    /// Where prefill shapes' timelines go, if anywhere.
+    timeline: Option<PathBuf>,
 }
 
 impl Options {
@@ -201,6 +221,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Option<Options>,
         kinds: vec![Kind::Prefill, Kind::Decode],
         head_dim: None,
         flush: FlushKind::Write,
+        timeline: None,
     };
     let mut args = args.into_iter();
     while let Some(flag) = args.next() {
@@ -251,6 +272,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Option<Options>,
                     other => return Err(format!("--flush {other}: expected write or read")),
                 }
             }
+            "--timeline" => o.timeline = Some(PathBuf::from(value()?)),
             "-h" | "--help" => return Ok(None),
             other => return Err(format!("unknown argument {other}")),
         }
@@ -520,6 +542,50 @@ fn measure(gpu: &Gpu, sh: &Shape, o: &Options, flush: &Flush) -> Res<Measured> {
     })
 }
 
+/// First word of a timeline file: "AKTL" in little-endian bytes.
+const TIMELINE_MAGIC: u32 = u32::from_le_bytes(*b"AKTL");
+
+/// The shape once on the timeline build, its records written to `dir`: a header of four u32
+/// (magic, blocks, streams a block, records a stream), then each stream's (clock, event)
+/// pairs. `None` when no block recorded anything (the shape ran on another kernel).
+fn record_timeline(gpu: &Gpu, sh: &Shape, o: &Options, dir: &Path) -> Res<Option<PathBuf>> {
+    let mut p = Problem::new(gpu, sh, o.dtype)?;
+    let cfg = FlashConfig::new(o.dtype.flash(), sh.d, sh.d).with_timeline();
+    let kernels = FlashKernels::new(gpu, cfg)?;
+    let runs: Vec<(usize, usize)> = (0..sh.b).map(|b| (b * sh.s, sh.s)).collect();
+    let scratch = FlashScratch::new(
+        gpu,
+        kernels.scratch_bytes(&p.args, &Queries::Runs(&runs), sh.kv),
+    )?;
+    let blocks = gpu.chip.sm_count;
+    p.args.debug_steps = blocks;
+    // The first run compiles and warms; the second records into a buffer cleared for it.
+    let mut records = Vec::new();
+    for _ in 0..2 {
+        let buf = gpu.alloc(timeline_bytes(blocks))?;
+        p.args.debug = buf.ptr();
+        kernels.run(gpu, &p.args, Queries::Runs(&runs), sh.kv, &scratch)?;
+        gpu.sync()?;
+        records = vec![0u32; timeline_bytes(blocks) / 4];
+        gpu.read(&buf, 0, &mut records)?;
+    }
+    if records.iter().all(|&w| w == 0) {
+        return Ok(None);
+    }
+    let header = [
+        TIMELINE_MAGIC,
+        blocks as u32,
+        TIMELINE_STREAMS as u32,
+        TIMELINE_RECORDS as u32,
+    ];
+    let mut bytes: Vec<u8> = bytemuck::cast_slice(&header).to_vec();
+    bytes.extend_from_slice(bytemuck::cast_slice(&records));
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join(sh.timeline_name());
+    std::fs::write(&path, bytes)?;
+    Ok(Some(path))
+}
+
 fn json_string(s: &str) -> String {
     let mut out = String::from("\"");
     for c in s.chars() {
@@ -573,6 +639,19 @@ fn bench(o: &Options) -> Res<bool> {
         let r = measure(&gpu, sh, o, &flush);
         all_ok &= matches!(&r, Ok(m) if m.max_err.is_ok());
         println!("{}", json_line(sh, o.dtype, o.iters, &r));
+        if let (Some(dir), Kind::Prefill) = (&o.timeline, sh.kind) {
+            match record_timeline(&gpu, sh, o, dir) {
+                Ok(Some(path)) => eprintln!("flash-bench: timeline in {}", path.display()),
+                Ok(None) => eprintln!(
+                    "flash-bench: no timeline for {}: it did not run on the wgmma prefill kernel",
+                    sh.timeline_name()
+                ),
+                Err(e) => {
+                    eprintln!("flash-bench: timeline of {}: {e}", sh.timeline_name());
+                    all_ok = false;
+                }
+            }
+        }
     }
     Ok(all_ok)
 }
@@ -620,6 +699,9 @@ mod tests {
         assert_eq!((o.dtype.name(), o.iters, o.warmup), ("f16", 7, 0));
         assert!(o.kinds == [Kind::Decode]);
         assert_eq!((o.flush, o.head_dim), (FlushKind::Read, Some(128)));
+        assert!(o.timeline.is_none());
+        let o = args("--timeline /tmp/t").unwrap().unwrap();
+        assert_eq!(o.timeline.as_deref(), Some(Path::new("/tmp/t")));
         assert_eq!(args("--head-dim 64").unwrap().unwrap().head_dim, Some(64));
         assert!(args("--help").unwrap().is_none());
         for bad in [
@@ -632,6 +714,7 @@ mod tests {
             "--shapes decode --head-dim 256",
             "--head-dim x",
             "--head-dim",
+            "--timeline",
             "--x",
         ] {
             assert!(args(bad).is_err(), "{bad}");

@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""Where the wgmma prefill kernel's time goes, from the timelines `flash-bench --timeline DIR`
+writes (one file per prefill shape; `Timeline` in crates/akunu-cuda/kernels/flash.cu).
+
+    scripts/gpu/flash_timeline.py FILE.timeline...
+
+For each file: every consumer warpgroup's time split into what it was doing between marks
+(waiting for K and its turn, from issue to scores, the softmax up to packed probabilities, the
+step's loop overhead, an item's last P V, its stores, waiting for the next item), in % of its
+span and in cycles per occurrence; the steps an item took; how far ahead of the consumers the
+loading warp issued each K tile; and how the blocks' ends spread.
+"""
+import statistics
+import struct
+import sys
+
+MAGIC = int.from_bytes(b"AKTL", "little")
+(START, NS, ITEM, WAIT_K, ISSUE, SCORES, STEP, LAST_PV, STORED, END,
+ LOAD_K, LOAD_V) = range(1, 13)
+CONSUMERS = 2  # streams 0 and 1; stream 2 is the loading warp
+
+# Consumer phases: the mark that opens each and how it is named.
+PHASES = [
+    ("K + turn", "waiting for K_j and the turn"),
+    ("scores", "S_j issued until it landed"),
+    ("softmax", "masks, softmax, P V wait, packing"),
+    ("loop", "packed until the next step waits"),
+    ("last PV", "the item's last P V"),
+    ("store", "normalise and store the rows"),
+    ("next item", "stored until the next item begins"),
+    ("setup", "item begins until its first step"),
+    ("tail", "no item left"),
+]
+# The phase that runs from each mark to the next one.
+PHASE_AFTER = {
+    WAIT_K: "K + turn",
+    ISSUE: "scores",
+    SCORES: "softmax",
+    STEP: "loop",
+    LAST_PV: "store",
+    STORED: "next item",
+    START: "next item",
+    ITEM: "setup",
+}
+
+
+def read(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    magic, blocks, streams, records = struct.unpack_from("<4I", data)
+    if magic != MAGIC:
+        raise SystemExit(f"{path}: not a timeline file")
+    words = struct.unpack_from(f"<{blocks * streams * records * 2}I", data, 16)
+    out = []
+    for b in range(blocks):
+        per = []
+        for s in range(streams):
+            at = 2 * records * (b * streams + s)
+            marks = []
+            for r in range(records):
+                clock, tagged = words[at + 2 * r], words[at + 2 * r + 1]
+                if tagged == 0:
+                    break
+                marks.append((clock, tagged >> 24, tagged & 0xFFFFFF))
+            per.append(marks)
+        out.append(per)
+    return out
+
+
+def cycles(a, b):
+    """Clock b minus clock a, through the 32-bit wrap."""
+    return (b - a) & 0xFFFFFFFF
+
+
+def clock_rate(marks):
+    """Cycles per ns from the stream's two global-timer marks, or None."""
+    ns = [(i, m) for i, m in enumerate(marks) if m[1] == NS]
+    if len(ns) < 2 or ns[0][0] == 0:
+        return None
+    (i0, n0), (i1, n1) = ns[0], ns[-1]
+    dt = cycles(n0[0], n1[0])
+    return cycles(marks[i0 - 1][0], marks[i1 - 1][0]) / dt if dt else None
+
+
+def consumer_phases(marks):
+    """Cycles per phase, and the occurrences of each."""
+    total = {name: 0 for name, _ in PHASES}
+    count = {name: 0 for name, _ in PHASES}
+    timed = [m for m in marks if m[1] != NS]
+    for (c0, e0, _), (c1, e1, _) in zip(timed, timed[1:]):
+        if e0 == STEP and e1 == LAST_PV:
+            name = "last PV"
+        elif e1 == END:
+            name = "tail"
+        else:
+            name = PHASE_AFTER.get(e0)
+        if name is None:
+            continue
+        total[name] += cycles(c0, c1)
+        count[name] += 1
+    return total, count
+
+
+def item_steps(marks):
+    """Steps of each item the stream took."""
+    steps, current = [], None
+    for _, e, v in marks:
+        if e == ITEM:
+            if current is not None:
+                steps.append(current)
+            current = 0
+        elif e == WAIT_K and current is not None:
+            current += 1
+    if current is not None:
+        steps.append(current)
+    return steps
+
+
+def k_lead(loader, consumer):
+    """For each step of the block, cycles from the loading warp's K issue to the consumer's
+    wait for it (negative: the consumer waited before the load was issued)."""
+    issued = [c for c, e, _ in loader if e == LOAD_K]
+    waits = [c for c, e, _ in consumer if e == WAIT_K]
+    out = []
+    for i, w in zip(issued, waits):
+        d = cycles(i, w)
+        out.append(d if d < 1 << 31 else d - (1 << 32))
+    return out
+
+
+def summary(path):
+    blocks = read(path)
+    totals = {name: 0 for name, _ in PHASES}
+    counts = {name: 0 for name, _ in PHASES}
+    spans, steps, leads, rates, ends = [], [], [], [], []
+    for streams in blocks:
+        for s in range(CONSUMERS):
+            marks = streams[s]
+            if not marks:
+                continue
+            timed = [m for m in marks if m[1] != NS]
+            spans.append(cycles(timed[0][0], timed[-1][0]))
+            t, c = consumer_phases(marks)
+            for name in totals:
+                totals[name] += t[name]
+                counts[name] += c[name]
+            steps += item_steps(marks)
+            leads += k_lead(streams[2], marks)
+            rate = clock_rate(marks)
+            if rate:
+                rates.append(rate)
+            ns = [m[0] for m in marks if m[1] == NS]
+            if len(ns) >= 2:
+                ends.append(ns[-1])
+    if not spans:
+        print(f"{path}: no records")
+        return
+    span = sum(spans)
+    ghz = statistics.median(rates) if rates else None
+    print(f"## {path}")
+    print()
+    print(f"{len(spans)} consumer warpgroups, {len(steps)} items, "
+          f"{sum(steps)} steps ({statistics.mean(steps):.1f} an item, at most {max(steps)}); "
+          f"span {statistics.mean(spans):,.0f} cycles a warpgroup"
+          + (f" ({statistics.mean(spans) / ghz / 1e3:.1f} us at {ghz:.2f} GHz)" if ghz else ""))
+    print()
+    print("| phase | what | % of span | cycles each | occurrences |")
+    print("|---|---|---|---|---|")
+    for name, what in PHASES:
+        n = counts[name]
+        each = f"{totals[name] / n:,.0f}" if n else "-"
+        print(f"| {name} | {what} | {100 * totals[name] / span:.1f} | {each} | {n} |")
+    print()
+    if leads:
+        q = statistics.quantiles(leads, n=10)
+        late = sum(1 for x in leads if x < 0)
+        print(f"K issued ahead of the consumer's wait: median {statistics.median(leads):,.0f} cycles, "
+              f"10th percentile {q[0]:,.0f}; {late} of {len(leads)} steps waited for the issue itself")
+    if len(ends) > 1 and ghz:
+        first = min(ends)
+        late = sorted(((e - first) & 0xFFFFFFFF) / 1e3 for e in ends)
+        print(f"warpgroups' ends after the first one's: median {statistics.median(late):.1f} us, "
+              f"last {late[-1]:.1f} us")
+    print()
+
+
+def main(argv):
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    for path in argv:
+        summary(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
