@@ -2,13 +2,15 @@
 """Where the wgmma prefill kernel's time goes, from the timelines `flash-bench --timeline DIR`
 writes (one file per prefill shape; `Timeline` in crates/akunu-cuda/kernels/flash.cu).
 
-    scripts/gpu/flash_timeline.py FILE.timeline...
+    scripts/gpu/flash_timeline.py [--trace BLOCK:FIRST:COUNT] FILE.timeline...
 
 For each file: every consumer warpgroup's time split into what it was doing between marks
 (waiting for K and its turn, from issue to scores, the softmax up to packed probabilities, the
 step's loop overhead, an item's last P V, its stores, waiting for the next item), in % of its
 span and in cycles per occurrence; the steps an item took; how far ahead of the consumers the
-loading warp issued each K tile; and how the blocks' ends spread.
+loading warp issued each K tile; and how the blocks' ends spread. `--trace` also lists one
+block's marks from all three streams in time order (COUNT of them from the FIRST), cycles from
+the block's start, to read how the two warpgroups take turns.
 """
 import statistics
 import struct
@@ -184,12 +186,49 @@ def summary(path):
     print()
 
 
+NAMES = {START: "start", NS: "ns", ITEM: "item", WAIT_K: "wait K", ISSUE: "issue",
+         SCORES: "scores", STEP: "packed", LAST_PV: "last PV", STORED: "stored", END: "end",
+         LOAD_K: "load K", LOAD_V: "load V"}
+STREAMS = ["wg0", "wg1", "loader"]
+
+
+def trace(path, block, first, count):
+    streams = read(path)[block]
+    starts = [m[0][0] for m in streams if m]
+    if not starts:
+        print(f"{path}: block {block} recorded nothing")
+        return
+    origin = starts[0]
+    merged = sorted(
+        (cycles(origin, c) if cycles(origin, c) < 1 << 31 else cycles(origin, c) - (1 << 32), s, e, v)
+        for s, marks in enumerate(streams) for c, e, v in marks if e != NS)
+    print(f"## {path}, block {block}: marks {first}..{first + count - 1} of {len(merged)}")
+    print()
+    print("| cycle | stream | mark | value | cycles since the stream's last mark |")
+    print("|---|---|---|---|---|")
+    last = {}
+    for t, s, e, v in merged[first:first + count]:
+        gap = t - last[s] if s in last else ""
+        last[s] = t
+        print(f"| {t:,} | {STREAMS[s]} | {NAMES.get(e, e)} | {v} | {gap} |")
+    print()
+
+
 def main(argv):
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if argv else 2
+    spec = None
+    if argv[0] == "--trace":
+        if len(argv) < 3:
+            print(__doc__)
+            return 2
+        spec = [int(x) for x in argv[1].split(":")]
+        argv = argv[2:]
     for path in argv:
         summary(path)
+        if spec:
+            trace(path, *spec)
     return 0
 
 
