@@ -240,10 +240,12 @@ struct Work {
 __device__ __forceinline__ Work grid_work() { return Work{blockIdx.x, blockIdx.y, blockIdx.z, gridDim.y}; }
 
 // The tile's query rows (token and head, -1 past the tile) and the union of their key ranges,
-// in shared memory, by THREADS threads (tid from 0). Synchronise them before reading.
+// and with `row_keys` each row's range (empty past the tile), in shared memory, by THREADS
+// threads (tid from 0). Synchronise them before reading.
 template <int BM, int THREADS>
 __device__ __forceinline__ void tile_rows(const FlashParams& p, const Work& w, u32 t0, u32 ntok, u32 kv_len,
-                                          int* row_tok, int* row_head, u32* range, int tid) {
+                                          int* row_tok, int* row_head, u32* range, int tid,
+                                          u32 (*row_keys)[2] = nullptr) {
     const int lane = tid & 31;
     const u32 group = p.n_head / p.n_head_kv;
     const u32 g = w.y % p.n_head_kv, chunk = w.y / p.n_head_kv;
@@ -253,6 +255,12 @@ __device__ __forceinline__ void tile_rows(const FlashParams& p, const Work& w, u
         const bool ok = (u32)r < tokens_per_tile * per_token && tl < ntok && hg < group;
         row_tok[r] = ok ? (int)(t0 + tl) : -1;
         row_head[r] = ok ? (int)(g * group + hg) : 0;
+        if (row_keys) {
+            u32 lo = 0, hi = 0;
+            if (ok) key_range(p, p.q_pos[t0 + tl], kv_len, lo, hi);
+            row_keys[r][0] = lo;
+            row_keys[r][1] = hi;
+        }
     }
     if (tid < 32) {
         u32 lo = 0xffffffffu, hi = 0;
@@ -920,9 +928,10 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
 // Prefill on Hopper's warpgroup MMA (sm_90a, head sizes 64, 128 and 256), warp-specialised and
 // persistent: at most one block per SM, each taking work items (a 128-row tile of one head
 // chunk, or one split of it) until none is left (wg_next_item, wg_work). Per block:
-// - three producer warps prepare each item: its rows and key range, and its queries into one
-//   of two slots, up to two items ahead, so an item's set-up overlaps the one before (at head
-//   size 256 one query slot, refilled once the consumers' last S = Q K^T of the item is done);
+// - three producer warps prepare each item: its rows, each row's keys and the item's key
+//   range, and its queries into one of two slots, up to two items ahead, so an item's set-up
+//   overlaps the one before (at head size 256 one query slot, refilled once the consumers'
+//   last S = Q K^T of the item is done);
 // - a loading warp streams WG_BN-key tiles of K and of V into two rings of WG_STAGES stages in
 //   wgmma's swizzled layout, by tensor copies (one lane issues a tile; the host passes tensor
 //   maps of the caches) or, for a slice's partial last tile and where the host has no maps, by
@@ -942,12 +951,15 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
 // wait for P_{j-1} V_{j-1} after the rows' vote, before the exponentials: keeping them ahead of
 // it needs registers the consumers lack, docs/perf/2026-11-23-prefill-item-handover.md.) No
 // block-wide barrier in the loop. The producer gives its registers to the consumers
-// (setmaxnreg). The ring's "empty" barriers and q_read count one arrival per consumer warp:
+// (setmaxnreg). With two query slots, a warpgroup stages its finished rows in its own rows of
+// the item's slot and stores them whole (wg_store_staged). The ring's "empty" barriers and q_read count one arrival per consumer warp:
 // only the tensor cores read those tiles, and the warp's wgmma wait precedes its arrival.
 // Keys per step and query slots: at head size 256 a warpgroup's 64 x 256 output takes 128
 // accumulator registers a thread, which leaves room for 64-key scores only, and two K/V stages
 // of 64 keys with one 128-row query slot fill 192 KiB of shared memory.
 constexpr int WG_BN = D > 128 ? 64 : 128;
+// Rows of a work item's tile (the host's WG_ROWS).
+constexpr int WG_ROWS = 128;
 constexpr int WG_QSLOTS = D > 128 ? 1 : 2;
 constexpr int WG_STAGES = 2;
 // The block starts with 168 registers a thread (384 threads, one block per SM). The consumers'
@@ -960,6 +972,14 @@ constexpr int WG_PRODUCERS = 128, WG_CONSUMERS = 256, WG_THREADS = WG_PRODUCERS 
 constexpr int WG_LOADERS = 32, WG_PREPARERS = WG_PRODUCERS - WG_LOADERS;
 // Named barriers of the consumers' turns (barrier 1 is the consumers' own) and the producer's.
 constexpr int WG_TURN = 2, WG_PRODUCER_BAR = 4;
+// Each consumer warpgroup's own named barrier, WG_STAGE_BAR + its index (wg_store_staged).
+constexpr int WG_STAGE_BAR = 5;
+// A barrier over the warpgroup's 128 threads on named barrier `bar` (a register: one code path
+// for both warpgroups, since ptxas serialises every wgmma of a kernel that reads accumulators
+// in code only some warps run).
+__device__ __forceinline__ void sync_warpgroup(int bar) {
+    asm volatile("barrier.sync %0, 128;\n" ::"r"(bar) : "memory");
+}
 
 // Consumer warpgroup cw waits for its turn to issue, or hands the turn to the other one.
 __device__ __forceinline__ void wg_take_turn(int cw) {
@@ -1040,17 +1060,27 @@ __device__ __forceinline__ u32 wg_next_item(const FlashParams& p, u32 m, u32 n_i
     return i;
 }
 
-// Work item i, in bands of head chunks: every tile of a band's heads, longest first (the host
-// lists the longest tiles first), each tile's heads together; then the next band. Blocks
-// running together share the K and V of a band's few heads, which stay in L2. A band holds at
-// least a quarter of the heads, so the last band starts its longest tiles early enough to end
-// with the others (with small bands the launch ends on them). Splits are outermost.
+// Runs of tile lengths flash_prefill_wg hands its items out in (wg_work): four at head sizes
+// 128 and 256, one at 64, where four measured 4 % slower at 8192 causal tokens.
+constexpr u32 WG_LENGTH_CLASSES = D >= 128 ? 4 : 1;
+
+// Work item i: the tiles, longest first (as the host lists them), cut into WG_LENGTH_CLASSES
+// runs; each run in bands of head chunks: the run's tiles of a band's heads, longest first,
+// each tile's heads together, then the next band. Blocks running together share the K and V
+// of a band's few heads, which stay in L2 (a band holds at least a quarter of the heads). The
+// runs bound how long an item handed out near the end can be: in one run of every tile, the
+// last band's longest tiles started so late that at 4096 causal tokens the blocks' ends spread
+// over a longest item's time, 20 % of the launch (docs/perf/2026-12-06-prefill-timeline.md).
+// Splits are outermost.
 __device__ __forceinline__ Work wg_work(const FlashParams& p, u32 i) {
     const u32 band_heads = max(4u, (p.wg_heads + 3) / 4);
-    const u32 per_split = p.wg_tiles * p.wg_heads, z = i / per_split, r = i % per_split;
-    const u32 band = r / (band_heads * p.wg_tiles), in_band = r % (band_heads * p.wg_tiles);
+    const u32 per_split = p.wg_tiles * p.wg_heads, z = i / per_split, in_split = i % per_split;
+    const u32 per_class = (p.wg_tiles + WG_LENGTH_CLASSES - 1) / WG_LENGTH_CLASSES;
+    const u32 c = in_split / (per_class * p.wg_heads), r = in_split - c * per_class * p.wg_heads;
+    const u32 t0 = c * per_class, tiles = min(per_class, p.wg_tiles - t0);
+    const u32 band = r / (band_heads * tiles), in_band = r % (band_heads * tiles);
     const u32 heads = min(band_heads, p.wg_heads - band * band_heads);
-    return Work{in_band / heads, band * band_heads + in_band % heads, z, p.wg_heads};
+    return Work{t0 + in_band / heads, band * band_heads + in_band % heads, z, p.wg_heads};
 }
 
 // Timeline builds (-DFLASH_TIMELINE; flash-bench --timeline): one thread of each consumer
@@ -1115,10 +1145,70 @@ struct Timeline {
     }
 };
 
+// The warpgroup's finished rows into the output (not a split's partials) through its own rows
+// of the item's query slot, which no S = Q K^T reads any more: each thread writes its fragments
+// into 16-byte chunks swizzled by row (conflict-free), then the warpgroup copies whole rows out
+// with 16-byte stores, a warp two rows of 256 bytes at a time. Each thread used to store 4 or 8
+// bytes of 8 rows a store, and an item's stores took 2.2 us (docs/perf/2026-12-06-prefill-timeline.md).
+// Rows wider than the slot's (f32 output) go in passes of QROW bytes. Needs DV == D and 16-byte
+// aligned output rows.
+__device__ __forceinline__ void wg_store_staged(const FlashParams& p, const WarpState& st, u32 slot, int cw,
+                                                const int (&rows)[2], const int* row_tok, const int* row_head,
+                                                int lane, int wtid) {
+    constexpr u32 OUT_BYTES = OUT_F32 ? 4 : 2, CHUNKS = QROW / 16, COLS = QROW / OUT_BYTES;
+    constexpr u32 PASSES = DV * OUT_BYTES / QROW;
+    static_assert(DV == D && PASSES * QROW == DV * OUT_BYTES, "rows of whole slot rows");
+    float inv[2], lse2[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const float l = st.sum(i);
+        inv[i] = l > 0.f ? 1.f / l : 0.f;
+        lse2[i] = l > 0.f ? st.row_max[i] + __log2f(l) : FLASH_NEG_INF;
+    }
+#pragma unroll
+    for (u32 pass = 0; pass < PASSES; ++pass) {
+        if (pass > 0) sync_warpgroup(WG_STAGE_BAR + cw);
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (u32 dl = 0; dl < COLS / 8; ++dl) {
+                const u32 dt = pass * (COLS / 8) + dl;
+                const float x = st.o[dt][2 * i] * inv[i], y = st.o[dt][2 * i + 1] * inv[i];
+                const u32 byte = dl * 8 * OUT_BYTES + (lane & 3) * 2 * OUT_BYTES;
+                const u32 at = slot + wswz(WG_ROWS, rows[i], byte / 16) + byte % 16;
+#if OUT_F32
+                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(x), "f"(y) : "memory");
+#else
+                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(pack2(x, y)) : "memory");
+#endif
+            }
+        sync_warpgroup(WG_STAGE_BAR + cw);
+#pragma unroll
+        for (u32 k = 0; k < 64 * CHUNKS / 128; ++k) {
+            const u32 idx = k * 128 + wtid, r = cw * 64 + idx / CHUNKS, c = idx % CHUNKS;
+            const int t = row_tok[r];
+            if (t < 0) continue;
+            uint4 v;
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                         : "r"(slot + wswz(WG_ROWS, r, c)));
+            u8* dst = (u8*)p.out + (t * p.o_tok + row_head[r] * p.o_head) * OUT_BYTES + pass * QROW + c * 16;
+            *(uint4*)dst = v;
+        }
+    }
+    if (p.lse && (lane & 3) == 0)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int t = row_tok[rows[i]];
+            if (t >= 0) p.lse[(u64)t * p.n_head + row_head[rows[i]]] = lse2[i] * FLASH_LN2;
+        }
+}
+
 // What the producer tells the consumers about an item, with its queries (a slot per item in
 // flight).
 struct WgItem {
     int row_tok[128], row_head[128];
+    u32 row_keys[128][2];  // each row's keys [lo, hi) (row_mask's), so consumers read no q_pos
     u32 range[2];
     u32 seq, kv_len;
     u32 index;  // the work item, n_items when none is left
@@ -1126,7 +1216,7 @@ struct WgItem {
 
 extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(const __grid_constant__ FlashParams p) {
     pdl_begin();
-    constexpr int BM = 128, BN_ = WG_BN;
+    constexpr int BM = WG_ROWS, BN_ = WG_BN;
     constexpr u32 Q_BYTES = BM * QROW, K_BYTES = BN_ * KROW, V_BYTES = BN_ * VROW;
     extern __shared__ __align__(128) u8 smem[];
     __shared__ WgItem items[2];
@@ -1185,7 +1275,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
                 const Work w = wg_work(p, i);
                 const PrefillTile tile = prefill_tile(p, w.x);
                 tile_rows<BM, WG_PREPARERS>(p, w, tile.t0, tile.ntok, tile.kv_len, it.row_tok, it.row_head, it.range,
-                                            tid);
+                                            tid, it.row_keys);
                 if (tid == 0) {
                     it.seq = tile.seq;
                     it.kv_len = tile.kv_len;
@@ -1242,6 +1332,9 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
         const u32 q_rows = cw * 64 * 128;
         u32 n = 0, m = 0;
         Work last{};
+        constexpr u32 OUT_BYTES = OUT_F32 ? 4 : 2;
+        const bool staged_out = p.n_split == 1 && (p.o_tok * OUT_BYTES) % 16 == 0 && (p.o_head * OUT_BYTES) % 16 == 0 &&
+                                (u64)p.out % 16 == 0;
         Timeline tl(p, cw, (tid & 127) == 0);
         tl.begin();
         for (;; ++m) {
@@ -1255,7 +1348,10 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
             const u32 seq = it.seq;
             RowMask rm[1][2];
 #pragma unroll
-            for (int r = 0; r < 2; ++r) rm[0][r] = row_mask(p, it.row_tok[rows[0][r]], it.kv_len);
+            for (int r = 0; r < 2; ++r) {
+                const int row = rows[0][r];
+                rm[0][r] = RowMask{it.row_keys[row][0], it.row_keys[row][1], it.row_tok[row]};
+            }
             // The keys every row of the warp sees: whole_step's test once per item, not per step
             // (per step, its vote cost 1-2 % at head size 128 and 7 % at 64).
             u32 see_lo = 0, see_hi = ~0u;
@@ -1344,7 +1440,12 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
                 tl.mark(MARK_LAST_PV, steps);
             }
 
-            store_rows<1>(p, w.z, st, rows, it.row_tok, it.row_head, lane);
+            // With two query slots the item's own is free for staging its rows.
+            if (WG_QSLOTS == 2 && staged_out) {
+                wg_store_staged(p, st[0], q_tile(m), cw, rows[0], it.row_tok, it.row_head, lane, tid & 127);
+            } else {
+                store_rows<1>(p, w.z, st, rows, it.row_tok, it.row_head, lane);
+            }
             tl.mark(MARK_STORED, i);
             // Every consumer thread arrives after its own last read of the slot, which the
             // preparing warps rewrite once the phase completes: the release then covers each
