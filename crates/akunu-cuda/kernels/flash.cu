@@ -73,6 +73,8 @@
 constexpr int D = HEAD_DIM;
 constexpr int DV = HEAD_DIM_V;
 constexpr u32 QROW = D * 2, KROW = D * 2, VROW = DV * 2;
+// Bytes of an output value.
+constexpr u32 OUT_BYTES = OUT_F32 ? 4 : 2;
 // Prefill: keys per step, 64, or 32 when a row is wider than 256 bytes (two stages in 64 KiB).
 constexpr int BN = (D > 128 || DV > 128) ? 32 : 64;
 constexpr int PREFILL_WARPS = 4;
@@ -689,6 +691,13 @@ __device__ __forceinline__ void attend(const FlashParams& p, WarpState (&st)[MT]
 #endif
 }
 
+// A finished row's normaliser 1 / l and log2-sum-exp from its sum l and maximum mx (log2
+// domain); a row without a visible key gets 0 and -inf, so its output is zeros, never NaN.
+__device__ __forceinline__ void row_finish(float l, float mx, float& inv, float& lse2) {
+    inv = l > 0.f ? 1.f / l : 0.f;
+    lse2 = l > 0.f ? mx + __log2f(l) : FLASH_NEG_INF;
+}
+
 // Two finished output values, columns c and c + 1 of row (t, h), with the row's log2-sum-exp
 // (written once per row, by the caller that passes `first`): into split z's partials
 // (`partial`), or into the output.
@@ -793,8 +802,8 @@ __device__ void merge_splits(const FlashParams& p, u32 n_split, const Work& w, c
             for (int e = 0; e < 4; ++e) acc[e] = acc[e] * f + w * v[e];
             mx = nm;
         }
-        const float inv = sum > 0.f ? 1.f / sum : 0.f;
-        const float lse2 = sum > 0.f ? mx + __log2f(sum) : FLASH_NEG_INF;
+        float inv, lse2;
+        row_finish(sum, mx, inv, lse2);
         if (valid) {
             store2(p, false, 0, t, h, c, acc[0] * inv, acc[1] * inv, lse2, c == 0);
             store2(p, false, 0, t, h, c + 2, acc[2] * inv, acc[3] * inv, lse2, false);
@@ -819,8 +828,8 @@ __device__ __forceinline__ void store_rows(const FlashParams& p, u32 z, const Wa
             const float l = st[m].sum(i);
             const int t = row_tok[rows[m][i]];
             if (t < 0) continue;
-            const float inv = l > 0.f ? 1.f / l : 0.f;
-            const float lse2 = l > 0.f ? st[m].row_max[i] + __log2f(l) : FLASH_NEG_INF;
+            float inv, lse2;
+            row_finish(l, st[m].row_max[i], inv, lse2);
 #pragma unroll
             for (int dt = 0; dt < DV / 8; ++dt)
                 store2(p, partial, z, t, row_head[rows[m][i]], dt * 8 + 2 * (lane & 3), st[m].o[dt][2 * i] * inv,
@@ -952,8 +961,9 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
 // it needs registers the consumers lack, docs/perf/2026-11-23-prefill-item-handover.md.) No
 // block-wide barrier in the loop. The producer gives its registers to the consumers
 // (setmaxnreg). With two query slots, a warpgroup stages its finished rows in its own rows of
-// the item's slot and stores them whole (wg_store_staged). The ring's "empty" barriers and q_read count one arrival per consumer warp:
-// only the tensor cores read those tiles, and the warp's wgmma wait precedes its arrival.
+// the item's slot and stores them whole (wg_store_staged). The ring's "empty" barriers and
+// q_read count one arrival per consumer warp: only the tensor cores read those tiles, and the
+// warp's wgmma wait precedes its arrival.
 // Keys per step and query slots: at head size 256 a warpgroup's 64 x 256 output takes 128
 // accumulator registers a thread, which leaves room for 64-key scores only, and two K/V stages
 // of 64 keys with one 128-row query slot fill 192 KiB of shared memory.
@@ -1155,16 +1165,12 @@ struct Timeline {
 __device__ __forceinline__ void wg_store_staged(const FlashParams& p, const WarpState& st, u32 slot, int cw,
                                                 const int (&rows)[2], const int* row_tok, const int* row_head,
                                                 int lane, int wtid) {
-    constexpr u32 OUT_BYTES = OUT_F32 ? 4 : 2, CHUNKS = QROW / 16, COLS = QROW / OUT_BYTES;
+    constexpr u32 CHUNKS = QROW / 16, COLS = QROW / OUT_BYTES;
     constexpr u32 PASSES = DV * OUT_BYTES / QROW;
     static_assert(DV == D && PASSES * QROW == DV * OUT_BYTES, "rows of whole slot rows");
     float inv[2], lse2[2];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const float l = st.sum(i);
-        inv[i] = l > 0.f ? 1.f / l : 0.f;
-        lse2[i] = l > 0.f ? st.row_max[i] + __log2f(l) : FLASH_NEG_INF;
-    }
+    for (int i = 0; i < 2; ++i) row_finish(st.sum(i), st.row_max[i], inv[i], lse2[i]);
 #pragma unroll
     for (u32 pass = 0; pass < PASSES; ++pass) {
         if (pass > 0) sync_warpgroup(WG_STAGE_BAR + cw);
@@ -1332,7 +1338,6 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
         const u32 q_rows = cw * 64 * 128;
         u32 n = 0, m = 0;
         Work last{};
-        constexpr u32 OUT_BYTES = OUT_F32 ? 4 : 2;
         const bool staged_out = p.n_split == 1 && (p.o_tok * OUT_BYTES) % 16 == 0 && (p.o_head * OUT_BYTES) % 16 == 0 &&
                                 (u64)p.out % 16 == 0;
         Timeline tl(p, cw, (tid & 127) == 0);
@@ -1789,8 +1794,8 @@ __device__ __forceinline__ void decode(const FlashParams& p) {
                 y += f * ws[32 + r * OROW + c + 1];
             }
         }
-        const float inv = l > 0.f ? 1.f / l : 0.f;
-        const float lse2 = l > 0.f ? mx + __log2f(l) : FLASH_NEG_INF;
+        float inv, lse2;
+        row_finish(l, mx, inv, lse2);
         store2(p, partial, work.z, t, row_head[r], c, x * inv, y * inv, lse2, c == 0);
         if (!partial) {
             const float out[2] = {x * inv, y * inv};
