@@ -128,6 +128,11 @@ impl Shape {
         )
     }
 
+    /// The prefill query runs: each sequence's `s` tokens.
+    fn runs(&self) -> Vec<(usize, usize)> {
+        (0..self.b).map(|b| (b * self.s, self.s)).collect()
+    }
+
     fn kv_bytes(&self, elem: usize) -> f64 {
         (2 * self.b * self.hkv * self.kv * self.d * elem) as f64
     }
@@ -502,7 +507,7 @@ struct Measured {
 fn measure(gpu: &Gpu, sh: &Shape, o: &Options, flush: &Flush) -> Res<Measured> {
     let p = Problem::new(gpu, sh, o.dtype)?;
     let kernels = FlashKernels::new(gpu, FlashConfig::new(o.dtype.flash(), sh.d, sh.d))?;
-    let runs: Vec<(usize, usize)> = (0..sh.b).map(|b| (b * sh.s, sh.s)).collect();
+    let runs = sh.runs();
     let queries = || match sh.kind {
         Kind::Prefill => Queries::Runs(&runs),
         Kind::Decode => Queries::PerToken,
@@ -552,7 +557,7 @@ fn record_timeline(gpu: &Gpu, sh: &Shape, o: &Options, dir: &Path) -> Res<Option
     let mut p = Problem::new(gpu, sh, o.dtype)?;
     let cfg = FlashConfig::new(o.dtype.flash(), sh.d, sh.d).with_timeline();
     let kernels = FlashKernels::new(gpu, cfg)?;
-    let runs: Vec<(usize, usize)> = (0..sh.b).map(|b| (b * sh.s, sh.s)).collect();
+    let runs = sh.runs();
     let scratch = FlashScratch::new(
         gpu,
         kernels.scratch_bytes(&p.args, &Queries::Runs(&runs), sh.kv),
@@ -560,15 +565,14 @@ fn record_timeline(gpu: &Gpu, sh: &Shape, o: &Options, dir: &Path) -> Res<Option
     let blocks = gpu.chip.sm_count;
     p.args.debug_steps = blocks;
     // The first run compiles and warms; the second records into a buffer cleared for it.
-    let mut records = Vec::new();
-    for _ in 0..2 {
-        let buf = gpu.alloc(timeline_bytes(blocks))?;
-        p.args.debug = buf.ptr();
-        kernels.run(gpu, &p.args, Queries::Runs(&runs), sh.kv, &scratch)?;
-        gpu.sync()?;
-        records = vec![0u32; timeline_bytes(blocks) / 4];
-        gpu.read(&buf, 0, &mut records)?;
-    }
+    let warm = gpu.alloc(timeline_bytes(blocks))?;
+    p.args.debug = warm.ptr();
+    kernels.run(gpu, &p.args, Queries::Runs(&runs), sh.kv, &scratch)?;
+    let buf = gpu.alloc(timeline_bytes(blocks))?;
+    p.args.debug = buf.ptr();
+    kernels.run(gpu, &p.args, Queries::Runs(&runs), sh.kv, &scratch)?;
+    let mut records = vec![0u32; timeline_bytes(blocks) / 4];
+    gpu.read(&buf, 0, &mut records)?;
     if records.iter().all(|&w| w == 0) {
         return Ok(None);
     }
