@@ -6,11 +6,11 @@ writes (one file per prefill shape; `Timeline` in crates/akunu-cuda/kernels/flas
 
 For each file: every consumer warpgroup's time split into what it was doing between marks
 (waiting for K and its turn, from issue to scores, the softmax up to packed probabilities, the
-step's loop overhead, an item's last P V, its stores, waiting for the next item), in % of its
-span and in cycles per occurrence; the steps an item took; how far ahead of the consumers the
-loading warp issued each K tile; and how the blocks' ends spread. `--trace` also lists one
-block's marks from all three streams in time order (COUNT of them from the FIRST), cycles from
-the block's start, to read how the two warpgroups take turns.
+step's loop overhead, an item's last P V, its stores, waiting for the first item and for the
+next), in % of its span and in cycles per occurrence; the steps an item took; how far ahead of
+the consumers the loading warp issued each K tile; and how the blocks' ends spread. `--trace`
+also lists one block's marks from all three streams in time order (COUNT of them from the
+FIRST), cycles from the block's start, to read how the two warpgroups take turns.
 """
 import statistics
 import struct
@@ -29,6 +29,7 @@ PHASES = [
     ("loop", "packed until the next step waits"),
     ("last PV", "the item's last P V"),
     ("store", "normalise and store the rows"),
+    ("first item", "the block starts until its first item begins"),
     ("next item", "stored until the next item begins"),
     ("setup", "item begins until its first step"),
     ("tail", "no item left"),
@@ -41,7 +42,7 @@ PHASE_AFTER = {
     STEP: "loop",
     LAST_PV: "store",
     STORED: "next item",
-    START: "next item",
+    START: "first item",
     ITEM: "setup",
 }
 
