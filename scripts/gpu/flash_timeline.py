@@ -75,6 +75,12 @@ def cycles(a, b):
     return (b - a) & 0xFFFFFFFF
 
 
+def signed_cycles(a, b):
+    """Clock b minus clock a, negative where b is the earlier of the two."""
+    d = cycles(a, b)
+    return d if d < 1 << 31 else d - (1 << 32)
+
+
 def clock_rate(marks):
     """Cycles per ns from the stream's two global-timer marks, or None."""
     ns = [(i, m) for i, m in enumerate(marks) if m[1] == NS]
@@ -124,15 +130,10 @@ def k_lead(loader, consumer):
     wait for it (negative: the consumer waited before the load was issued)."""
     issued = [c for c, e, _ in loader if e == LOAD_K]
     waits = [c for c, e, _ in consumer if e == WAIT_K]
-    out = []
-    for i, w in zip(issued, waits):
-        d = cycles(i, w)
-        out.append(d if d < 1 << 31 else d - (1 << 32))
-    return out
+    return [signed_cycles(i, w) for i, w in zip(issued, waits)]
 
 
-def summary(path):
-    blocks = read(path)
+def summary(path, blocks):
     totals = {name: 0 for name, _ in PHASES}
     counts = {name: 0 for name, _ in PHASES}
     spans, steps, leads, rates, ends = [], [], [], [], []
@@ -193,15 +194,14 @@ NAMES = {START: "start", NS: "ns", ITEM: "item", WAIT_K: "wait K", ISSUE: "issue
 STREAMS = ["wg0", "wg1", "loader"]
 
 
-def trace(path, block, first, count):
-    streams = read(path)[block]
+def trace(path, streams, block, first, count):
     starts = [m[0][0] for m in streams if m]
     if not starts:
         print(f"{path}: block {block} recorded nothing")
         return
     origin = starts[0]
     merged = sorted(
-        (cycles(origin, c) if cycles(origin, c) < 1 << 31 else cycles(origin, c) - (1 << 32), s, e, v)
+        (signed_cycles(origin, c), s, e, v)
         for s, marks in enumerate(streams) for c, e, v in marks if e != NS)
     print(f"## {path}, block {block}: marks {first}..{first + count - 1} of {len(merged)}")
     print()
@@ -227,9 +227,10 @@ def main(argv):
         spec = [int(x) for x in argv[1].split(":")]
         argv = argv[2:]
     for path in argv:
-        summary(path)
+        blocks = read(path)
+        summary(path, blocks)
         if spec:
-            trace(path, *spec)
+            trace(path, blocks[spec[0]], *spec)
     return 0
 
 
