@@ -151,8 +151,9 @@ struct FlashParams {
     u32 n_rot, neox;
     float eps;
     u32 tma;
-    // flash_prefill_wg: the tiles and head chunks its work items span.
-    u32 wg_tiles, wg_heads;
+    // flash_prefill_wg: the tiles and head chunks its work items span, and the runs of tile
+    // lengths it hands them out in (wg_work).
+    u32 wg_tiles, wg_heads, wg_length_runs;
     // Decode: the splits that fill the wave, which a token takes once each gets a step per
     // warp; 0: never (see decode()).
     u32 fill_splits;
@@ -1070,24 +1071,19 @@ __device__ __forceinline__ u32 wg_next_item(const FlashParams& p, u32 m, u32 n_i
     return i;
 }
 
-// Runs of tile lengths flash_prefill_wg hands its items out in (wg_work): four at head sizes
-// 128 and 256, one at 64, where four measured 4 % slower at 8192 causal tokens.
-constexpr u32 WG_LENGTH_CLASSES = D >= 128 ? 4 : 1;
-
-// Work item i: the tiles, longest first (as the host lists them), cut into WG_LENGTH_CLASSES
-// runs; each run in bands of head chunks: the run's tiles of a band's heads, longest first,
-// each tile's heads together, then the next band. Blocks running together share the K and V
-// of a band's few heads, which stay in L2 (a band holds at least a quarter of the heads). The
-// runs bound how long an item handed out near the end can be: in one run of every tile, the
-// last band's longest tiles started so late that at 4096 causal tokens the blocks' ends spread
-// over a longest item's time, 20 % of the launch (docs/perf/2026-12-06-prefill-timeline.md).
-// Splits are outermost.
+// Work item i: the tiles, longest first (as the host lists them), cut into p.wg_length_runs
+// runs (the host's choice: length_runs in src/flash.rs); each run in bands of head chunks: the
+// run's tiles of a band's heads, longest first, each tile's heads together, then the next band.
+// Blocks running together share the K and V of a band's few heads, which stay in L2 (a band
+// holds at least a quarter of the heads). The runs bound how long an item handed out near the
+// end can be. Splits are outermost.
 __device__ __forceinline__ Work wg_work(const FlashParams& p, u32 i) {
     const u32 band_heads = max(4u, (p.wg_heads + 3) / 4);
     const u32 per_split = p.wg_tiles * p.wg_heads, z = i / per_split, in_split = i % per_split;
-    const u32 per_class = (p.wg_tiles + WG_LENGTH_CLASSES - 1) / WG_LENGTH_CLASSES;
-    const u32 c = in_split / (per_class * p.wg_heads), r = in_split - c * per_class * p.wg_heads;
-    const u32 t0 = c * per_class, tiles = min(per_class, p.wg_tiles - t0);
+    const u32 length_runs = max(1u, p.wg_length_runs);
+    const u32 per_run = (p.wg_tiles + length_runs - 1) / length_runs;
+    const u32 c = in_split / (per_run * p.wg_heads), r = in_split - c * per_run * p.wg_heads;
+    const u32 t0 = c * per_run, tiles = min(per_run, p.wg_tiles - t0);
     const u32 band = r / (band_heads * tiles), in_band = r % (band_heads * tiles);
     const u32 heads = min(band_heads, p.wg_heads - band * band_heads);
     return Work{t0 + in_band / heads, band * band_heads + in_band % heads, z, p.wg_heads};

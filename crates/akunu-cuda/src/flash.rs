@@ -490,8 +490,9 @@ struct FlashParams {
     tma: u32,
     wg_tiles: u32,
     wg_heads: u32,
+    wg_length_runs: u32,
     fill_splits: u32,
-    tail: [u32; 11],
+    tail: [u32; 10],
 }
 
 /// Whether queries run on the decode kernel: one token per tile, a token's query heads of one
@@ -533,6 +534,8 @@ struct Launch {
     /// `FlashConfig::turn_keys`:
     /// launched as `flash_decode_turns`.
     turns: bool,
+    /// The wgmma prefill: runs of tile lengths its work items go out in (`length_runs`).
+    length_runs: u32,
 }
 
 pub struct FlashKernels {
@@ -817,6 +820,13 @@ impl FlashKernels {
         if splits < fill {
             fill = 0;
         }
+        let length_runs = match q {
+            Queries::Runs(runs) if splits == 1 && self.prefill_wg.is_some() => {
+                let heads = a.n_head_kv * chunks;
+                length_runs(a.causal, a.window, runs, per_tile, heads, self.wg_blocks)
+            }
+            _ => 1,
+        };
         Ok(Launch {
             decode,
             tiles,
@@ -825,6 +835,7 @@ impl FlashKernels {
             splits,
             fill,
             turns: decode && max_kv.div_ceil(splits) >= self.cfg.turn_keys(),
+            length_runs,
         })
     }
 
@@ -1038,8 +1049,9 @@ impl FlashKernels {
             tma: u32::from(maps.is_some()),
             wg_tiles: to_u32("attention tiles", l.n_tiles)?,
             wg_heads: to_u32("attention heads", a.n_head_kv * l.chunks)?,
+            wg_length_runs: l.length_runs,
             fill_splits: l.fill as u32,
-            tail: [0; 11],
+            tail: [0; 10],
             tma_k: maps.map_or(TensorMap::zeroed(), |m| m.0),
             tma_v: maps.map_or(TensorMap::zeroed(), |m| m.1),
         };
@@ -1081,9 +1093,47 @@ impl FlashKernels {
     }
 }
 
+/// Runs of tile lengths the wgmma prefill hands its work items out in, longest first
+/// (`wg_work` in flash.cu), for query `runs` cut into tiles of `per_tile` tokens, each tile
+/// `heads` items, on up to `blocks` blocks: four where a longest item is over a sixth of a
+/// block's share of the steps, else one. Handed out in one run, such items start so late that
+/// the blocks' ends spread over one of them (4096 causal tokens: 6.6 % of the launch); each run
+/// costs the blocks running together some sharing of K and V in L2 (4096 full and 16384 causal
+/// tokens lost 1.4 and 0.9 % to four runs, 8192 at head size 64 4 %:
+/// docs/perf/2026-12-06-prefill-timeline.md). A tile's steps are estimated from its place in
+/// its run, as if the run started its sequence: every key of the run without a causal mask, the
+/// keys up to its own under one, at most the window's.
+fn length_runs(
+    causal: bool,
+    window: Option<usize>,
+    runs: &[(usize, usize)],
+    per_tile: usize,
+    heads: usize,
+    blocks: usize,
+) -> u32 {
+    if !causal || per_tile == 0 {
+        return 1;
+    }
+    let cap = window.map_or(usize::MAX, |w| w.div_ceil(per_tile) + 1);
+    let (mut longest, mut steps, mut tiles) = (0usize, 0usize, 0usize);
+    for &(_, count) in runs {
+        let n = count.div_ceil(per_tile);
+        longest = longest.max(n.min(cap));
+        tiles = tiles.saturating_add(n);
+        steps = (1..=n).fold(steps, |s, i| s.saturating_add(i.min(cap)));
+    }
+    let blocks = tiles.saturating_mul(heads).min(blocks).max(1);
+    let share = steps.saturating_mul(heads) / blocks;
+    if longest.saturating_mul(6) > share {
+        4
+    } else {
+        1
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{decode_splits, FlashConfig, FlashDtype};
+    use super::{decode_splits, length_runs, FlashConfig, FlashDtype};
 
     #[test]
     fn eight_warp_decode_blocks_only_where_their_rings_fit() {
@@ -1123,5 +1173,26 @@ mod tests {
         // Without a fill (a wave too wide), the same rule at every length.
         assert_eq!(decode_splits(3000, 0), 11);
         assert_eq!(decode_splits(16_384, 0), 64);
+    }
+
+    #[test]
+    fn length_runs_where_a_longest_item_outlasts_a_sixth_of_a_blocks_steps() {
+        // The prefill rows of BENCHMARKS.md on 132 blocks, tiles of 128 tokens (64 at head
+        // size 256), 32 heads (16): four runs at 4096 causal tokens and at head size 256, one
+        // for 4 x 2048, 16384 and 8192 causal tokens and without the mask.
+        let runs = |b: usize, s: usize| (0..b).map(|i| (i * s, s)).collect::<Vec<_>>();
+        assert_eq!(length_runs(true, None, &runs(1, 4096), 128, 32, 132), 4);
+        assert_eq!(length_runs(true, None, &runs(1, 4096), 64, 16, 132), 4);
+        assert_eq!(length_runs(true, None, &runs(4, 2048), 128, 32, 132), 1);
+        assert_eq!(length_runs(true, None, &runs(1, 16384), 128, 32, 132), 1);
+        assert_eq!(length_runs(true, None, &runs(1, 8192), 128, 32, 132), 1);
+        assert_eq!(length_runs(false, None, &runs(1, 4096), 128, 32, 132), 1);
+        // A window of 512 keys makes every item short: one run.
+        assert_eq!(
+            length_runs(true, Some(512), &runs(1, 4096), 128, 32, 132),
+            1
+        );
+        // Fewer items than blocks: each block takes one, and the longest outlasts the share.
+        assert_eq!(length_runs(true, None, &runs(1, 512), 128, 8, 132), 4);
     }
 }
