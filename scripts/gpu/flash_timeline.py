@@ -8,9 +8,10 @@ For each file: every consumer warpgroup's time split into what it was doing betw
 (waiting for K and its turn, from issue to scores, the softmax up to packed probabilities, the
 step's loop overhead, an item's last P V, its stores, waiting for the first item and for the
 next), in % of its span and in cycles per occurrence; the steps an item took; how far ahead of
-the consumers the loading warp issued each K tile; and how the blocks' ends spread. `--trace`
-also lists one block's marks from all three streams in time order (COUNT of them from the
-FIRST), cycles from the block's start, to read how the two warpgroups take turns.
+the consumers the loading warp issued each K tile and the preparing warps each item's queries,
+and where the preparing warps' time goes; and how the blocks' ends spread. `--trace` also lists
+one block's marks from all its streams in time order (COUNT of them from the FIRST), cycles
+from the block's start, to read how the two warpgroups take turns.
 """
 import statistics
 import struct
@@ -18,8 +19,8 @@ import sys
 
 MAGIC = int.from_bytes(b"AKTL", "little")
 (START, NS, ITEM, WAIT_K, ISSUE, SCORES, STEP, LAST_PV, STORED, END,
- LOAD_K, LOAD_V) = range(1, 13)
-CONSUMERS = 2  # streams 0 and 1; stream 2 is the loading warp
+ LOAD_K, LOAD_V, PREP, PREP_ITEM, PREP_Q) = range(1, 16)
+CONSUMERS = 2  # streams 0 and 1; stream 2 is the loading warp, 3 the preparing warps
 
 # Consumer phases: the mark that opens each and how it is named.
 PHASES = [
@@ -133,11 +134,44 @@ def k_lead(loader, consumer):
     return [signed_cycles(i, w) for i, w in zip(issued, waits)]
 
 
+def prep_lead(prep, consumer):
+    """For each item the consumer took, cycles from the preparing warps' issue of its queries
+    to the consumer's start of it (the queries still had to land)."""
+    issued = {v: c for c, e, v in prep if e == PREP_Q}
+    return [signed_cycles(issued[v], c) for c, e, v in consumer if e == ITEM and v in issued]
+
+
+# The preparing warps' phases: from each mark to the next.
+PREP_PHASES = [
+    (PREP_Q, PREP, "waiting for a free slot"),
+    (START, PREP, "waiting for a free slot"),
+    (PREP, PREP_ITEM, "taking the item's index"),
+    (PREP_ITEM, PREP_Q, "rows and queries"),
+]
+
+
+def prep_phases(marks):
+    total, count = {}, {}
+    timed = [m for m in marks if m[1] != NS]
+    for (c0, e0, _), (c1, e1, _) in zip(timed, timed[1:]):
+        for a, b, name in PREP_PHASES:
+            if (e0, e1) == (a, b):
+                total[name] = total.get(name, 0) + cycles(c0, c1)
+                count[name] = count.get(name, 0) + 1
+    return total, count
+
+
 def summary(path, blocks):
     totals = {name: 0 for name, _ in PHASES}
     counts = {name: 0 for name, _ in PHASES}
-    spans, steps, leads, rates, ends = [], [], [], [], []
+    spans, steps, leads, rates, ends, q_leads = [], [], [], [], [], []
+    prep_total, prep_count = {}, {}
     for streams in blocks:
+        if len(streams) > 3:
+            t, c = prep_phases(streams[3])
+            for name in t:
+                prep_total[name] = prep_total.get(name, 0) + t[name]
+                prep_count[name] = prep_count.get(name, 0) + c[name]
         for s in range(CONSUMERS):
             marks = streams[s]
             if not marks:
@@ -150,6 +184,8 @@ def summary(path, blocks):
                 counts[name] += c[name]
             steps += item_steps(marks)
             leads += k_lead(streams[2], marks)
+            if len(streams) > 3:
+                q_leads += prep_lead(streams[3], marks)
             rate = clock_rate(marks)
             if rate:
                 rates.append(rate)
@@ -180,6 +216,13 @@ def summary(path, blocks):
         late = sum(1 for x in leads if x < 0)
         print(f"K issued ahead of the consumer's wait: median {statistics.median(leads):,.0f} cycles, "
               f"10th percentile {q[0]:,.0f}; {late} of {len(leads)} steps waited for the issue itself")
+    if q_leads:
+        q = statistics.quantiles(q_leads, n=10)
+        print(f"queries issued ahead of the consumer's item start: median {statistics.median(q_leads):,.0f} cycles, "
+              f"10th percentile {q[0]:,.0f}, fewest {min(q_leads):,}")
+    if prep_count:
+        print("preparing warps, cycles each: " + ", ".join(
+            f"{name} {prep_total[name] / prep_count[name]:,.0f} ({prep_count[name]})" for name in prep_total))
     if len(ends) > 1 and ghz:
         first = min(ends)
         late = sorted(((e - first) & 0xFFFFFFFF) / 1e3 for e in ends)
@@ -190,8 +233,9 @@ def summary(path, blocks):
 
 NAMES = {START: "start", NS: "ns", ITEM: "item", WAIT_K: "wait K", ISSUE: "issue",
          SCORES: "scores", STEP: "packed", LAST_PV: "last PV", STORED: "stored", END: "end",
-         LOAD_K: "load K", LOAD_V: "load V"}
-STREAMS = ["wg0", "wg1", "loader"]
+         LOAD_K: "load K", LOAD_V: "load V", PREP: "slot free", PREP_ITEM: "index",
+         PREP_Q: "queries issued"}
+STREAMS = ["wg0", "wg1", "loader", "prep"]
 
 
 def trace(path, streams, block, first, count):

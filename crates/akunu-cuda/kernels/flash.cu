@@ -1090,13 +1090,14 @@ __device__ __forceinline__ Work wg_work(const FlashParams& p, u32 i) {
 }
 
 // Timeline builds (-DFLASH_TIMELINE; flash-bench --timeline): one thread of each consumer
-// warpgroup (streams 0 and 1) and of the loading warp (stream 2) writes pairs of 32-bit words,
-// (SM clock, event << 24 | value), into p.debug: WG_TIMELINE_RECORDS pairs a stream, three
-// streams a block, for blocks below p.debug_tiles. The host clears the buffer, so a stream
-// ends at its first zero pair; a stream that fills up drops the rest. MARK_NS pairs hold the
-// global timer's low 32 bits (ns) in place of the clock, to convert cycles to time. The host
+// warpgroup (streams 0 and 1), of the loading warp (stream 2) and of the preparing warps
+// (stream 3) writes pairs of 32-bit words, (SM clock, event << 24 | value), into p.debug:
+// WG_TIMELINE_RECORDS pairs a stream, four streams a block, for blocks below p.debug_tiles. The
+// host clears the buffer, so a stream ends at its first zero pair; a stream that fills up drops
+// the rest. MARK_NS pairs hold the global timer's low 32 bits (ns) in place of the clock, to
+// convert cycles to time. The host
 // mirrors these numbers (`TIMELINE_*` in src/flash.rs).
-constexpr u32 WG_TIMELINE_RECORDS = 16384, WG_TIMELINE_STREAMS = 3;
+constexpr u32 WG_TIMELINE_RECORDS = 16384, WG_TIMELINE_STREAMS = 4;
 enum WgMark : u32 {
     MARK_START = 1,  // the stream begins (value 0)
     MARK_NS,         // global timer (value 0)
@@ -1110,6 +1111,9 @@ enum WgMark : u32 {
     MARK_END,        // no item left (value: items taken)
     MARK_LOAD_K,     // the loading warp issues K_n (value: n, the block's steps so far)
     MARK_LOAD_V,     // ... and V_n
+    MARK_PREP,       // a preparing warp finds the m-th item's slot free (value: m)
+    MARK_PREP_ITEM,  // ... has the item's index (value: the item)
+    MARK_PREP_Q,     // ... has its rows and issued its queries (value: the item)
 };
 struct Timeline {
 #ifdef FLASH_TIMELINE
@@ -1263,13 +1267,17 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
         u32 m = 0;  // items so far
         if (warp > 0) {
             const int tid = threadIdx.x - WG_LOADERS;
+            Timeline tl(p, 3, tid == 0);
+            tl.begin();
             for (;; ++m) {
                 const u32 slot = m & 1;
                 WgItem& it = items[slot];
                 if (m >= 2) mbar_wait(smem_addr(&q_empty[slot]), ((m >> 1) & 1) ^ 1);
+                tl.mark(MARK_PREP, m);
                 if (tid == 0) it.index = wg_next_item(p, m, n_items);
                 sync_threads<WG_PREPARERS, WG_PRODUCER_BAR>();
                 const u32 i = it.index;
+                tl.mark(MARK_PREP_ITEM, i);
                 if (i >= n_items) {
                     mbar_arrive(smem_addr(&q_full[slot]));
                     break;
@@ -1286,11 +1294,13 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
                 if constexpr (WG_QSLOTS == 1)
                     if (m >= 1) mbar_wait(smem_addr(&q_read), (m - 1) & 1);
                 load_q<BM, WG_PREPARERS, true>(p, q_tile(m), it.row_tok, it.row_head, tid);
+                tl.mark(MARK_PREP_Q, i);
                 // The queries' copies land before the slot reads as full; the rows and any
                 // queries stored directly are released by the arrival itself.
                 mbar_arrive_cp_async_inc(smem_addr(&q_full[slot]));
                 mbar_arrive(smem_addr(&q_full[slot]));
             }
+            tl.end(m);
         } else {
             u32 n = 0;  // steps so far
             Timeline tl(p, 2, lane == 0);

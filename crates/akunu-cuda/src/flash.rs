@@ -74,7 +74,7 @@ const COUNTER_BYTES: usize = COUNTERS * 4;
 
 /// A timeline build's records a stream and streams a block (`WG_TIMELINE_*` in flash.cu).
 pub const TIMELINE_RECORDS: usize = 16384;
-pub const TIMELINE_STREAMS: usize = 3;
+pub const TIMELINE_STREAMS: usize = 4;
 
 /// Bytes of the timeline buffer for `blocks` blocks (see [`FlashArgs::debug`]).
 pub fn timeline_bytes(blocks: usize) -> usize {
