@@ -4,6 +4,9 @@
 # akunu-cuda test and bench executables (stripped), the tiny test models, the synthetic-model
 # generator and the llama.cpp source archive (packed into .peer/ from PyPI on first use).
 # Then call the device tool with carry [".gpu"] and the command `bash scripts/gpu/device.sh`.
+#   GPU_KERNEL_REVS="base=b44235b runs=0fc214d": each revision's kernel sources into .gpu/k<name>,
+#   for device.sh's `ab` stage (the binaries load them by AKUNU_KERNEL_DIR; their parameter
+#   blocks must match the built host's).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=.gpu
@@ -35,4 +38,9 @@ if [ ! -f .peer/llama.cpp.tar.xz ] && [ -d "$shared/bench" ]; then
     || echo "note: no llama.cpp archive: device.sh's bench stage will have no peer"
 fi
 if [ -f .peer/llama.cpp.tar.xz ]; then cp .peer/llama.cpp.tar.xz "$out/"; fi
+for spec in ${GPU_KERNEL_REVS:-}; do
+  name=${spec%%=*} rev=${spec#*=}
+  mkdir -p "$out/k$name"
+  git archive "$rev" crates/akunu-cuda/kernels | tar x -C "$out/k$name" --strip-components 3
+done
 du -sh "$out"; ls -la "$out" "$out/bin"

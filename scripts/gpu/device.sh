@@ -3,7 +3,7 @@
 # kernel tests, the whole-model checks against the CPU backend, compute-sanitizer,
 # `akunu bench` beside llama.cpp on identical synthetic models, and our attention kernels beside
 # PyTorch's (flash_bench.py). Logs go to $OUT; the last lines printed are the summary table.
-#   GPU_STAGES="tests sanitize e2e profile chains batch bench sweep flash timeline agree sample gemv gemm ncu ncu-gemm ncu-decode" (default: tests sanitize e2e profile bench flash)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
+#   GPU_STAGES="tests sanitize e2e profile chains batch bench sweep flash timeline ab agree sample gemv gemm ncu ncu-gemm ncu-decode" (default: tests sanitize e2e profile bench flash)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
 #   GPU_SWEEP="GEMV_WAVES=2 GEMV_NORM=4,GEMV_NORM_ALONE=0" (stage sweep: chip config settings,
 #   one per word, NAME=VALUE pairs joined by commas, each timed against the defaults)
 #   GPU_SWEEP_ROUNDS=2 GPU_SWEEP_ARGS="-p 0 -n 128 -r 3" (the `akunu bench` arguments)
@@ -14,6 +14,8 @@
 #   GPU_TESTS="test-flash test-backend" (default: every test executable)
 #   GPU_SANITIZE_TESTS="test-matmul" GPU_SANITIZE_FILTER="gated_product" (test-name regex)
 #   GPU_SANITIZE_JOBS=12 (sanitizer processes at once) GPU_SANITIZE_LIMIT=540 (seconds a test)
+#   GPU_AB="base runs" GPU_AB_ROUNDS=2 (stage ab: the prefill rows of flash-bench on the built
+#   kernels and on each .gpu/k<name> (build.sh's GPU_KERNEL_REVS), alternated, TFLOP/s)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -251,6 +253,24 @@ if [[ $stages == *timeline* ]]; then
   rc=$?
   python3 scripts/gpu/flash_timeline.py "$LOGS"/timeline/*.timeline > "$OUT/timeline.md" 2>&1
   row "prefill timelines: $([ $rc = 0 ] && echo "in timeline.md" || echo "FAIL ($(tail -1 "$LOGS/timeline-bench.log"))")"
+fi
+if [[ $stages == *ab* ]]; then
+  # Kernel sources against each other on the prefill rows, one after another in each round, so
+  # a drift of the clocks reaches every variant alike.
+  wait
+  ab_row() {  # name, then the environment for flash-bench
+    local name=$1; shift
+    local cells
+    cells=$(env "$@" "$B/flash-bench" --shapes prefill --iters 10 --warmup 3 2>> "$LOGS/ab.err" | python3 -c '
+import json, sys
+print(" | ".join(str(json.loads(l).get("tflops", "error")) for l in sys.stdin if l.startswith("{")))')
+    row "| $name | ${cells:-failed} |"
+  }
+  row ""; row "GPU: $gpu, flash-bench --shapes prefill, TFLOP/s by row (in SHAPES order)"
+  for round in $(seq "${GPU_AB_ROUNDS:-2}"); do
+    ab_row built
+    for v in ${GPU_AB:-}; do ab_row "$v" AKUNU_KERNEL_DIR="$G/k$v"; done
+  done
 fi
 if [[ $stages == *batch* ]]; then
   # Continuous batching's decode: tokens drawn on the device after each pass against drawn by
