@@ -4,7 +4,7 @@
 # akunu-cuda test and bench executables (stripped), the tiny test models, the synthetic-model
 # generator and the llama.cpp source archive (packed into .peer/ from PyPI on first use).
 # Then call the device tool with carry [".gpu"] and the command `bash scripts/gpu/device.sh`.
-#   GPU_KERNEL_REVS="base=b44235b runs=0fc214d": each revision's kernel sources into .gpu/k<name>,
+#   GPU_KERNEL_REVS="base=main runs=HEAD~1": each revision's kernel sources into .gpu/k<name>,
 #   for device.sh's `ab` stage (the binaries load them by AKUNU_KERNEL_DIR; their parameter
 #   blocks must match the built host's).
 set -euo pipefail
