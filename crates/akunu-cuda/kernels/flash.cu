@@ -699,6 +699,11 @@ __device__ __forceinline__ void row_finish(float l, float mx, float& inv, float&
     lse2 = l > 0.f ? mx + __log2f(l) : FLASH_NEG_INF;
 }
 
+// Row (t, h)'s natural log-sum-exp from its log2 form, for callers that asked for it.
+__device__ __forceinline__ void store_lse(const FlashParams& p, int t, int h, float lse2) {
+    p.lse[(u64)t * p.n_head + h] = lse2 * FLASH_LN2;
+}
+
 // Two finished output values, columns c and c + 1 of row (t, h), with the row's log2-sum-exp
 // (written once per row, by the caller that passes `first`): into split z's partials
 // (`partial`), or into the output.
@@ -716,7 +721,7 @@ __device__ __forceinline__ void store2(const FlashParams& p, bool partial, u32 z
 #else
     *(u32*)((u16*)p.out + off) = pack2(x, y);
 #endif
-    if (p.lse && first) p.lse[(u64)t * p.n_head + h] = lse2 * FLASH_LN2;
+    if (p.lse && first) store_lse(p, t, h, lse2);
 }
 
 // VALS finished output values of row (t, h) from column c in the GEMVs' int8 form, when asked
@@ -1206,7 +1211,7 @@ __device__ __forceinline__ void wg_store_staged(const FlashParams& p, const Warp
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             const int t = row_tok[rows[i]];
-            if (t >= 0) p.lse[(u64)t * p.n_head + row_head[rows[i]]] = lse2[i] * FLASH_LN2;
+            if (t >= 0) store_lse(p, t, row_head[rows[i]], lse2[i]);
         }
 }
 
