@@ -1081,13 +1081,16 @@ __device__ __forceinline__ u32 wg_next_item(const FlashParams& p, u32 m, u32 n_i
 // run's tiles of a band's heads, longest first, each tile's heads together, then the next band.
 // Blocks running together share the K and V of a band's few heads, which stay in L2 (a band
 // holds at least a quarter of the heads). The runs bound how long an item handed out near the
-// end can be. Splits are outermost.
+// end can be. The last of several runs is one band: its tiles are the shortest, with the fewest
+// keys, and handed out strictly longest first they leave the blocks' ends closest together.
+// Splits are outermost.
 __device__ __forceinline__ Work wg_work(const FlashParams& p, u32 i) {
-    const u32 band_heads = max(4u, (p.wg_heads + 3) / 4);
     const u32 per_split = p.wg_tiles * p.wg_heads, z = i / per_split, in_split = i % per_split;
     const u32 length_runs = max(1u, p.wg_length_runs);
     const u32 per_run = (p.wg_tiles + length_runs - 1) / length_runs;
     const u32 c = in_split / (per_run * p.wg_heads), r = in_split - c * per_run * p.wg_heads;
+    const bool last_run = length_runs > 1 && (c + 1) * per_run >= p.wg_tiles;
+    const u32 band_heads = last_run ? p.wg_heads : max(4u, (p.wg_heads + 3) / 4);
     const u32 t0 = c * per_run, tiles = min(per_run, p.wg_tiles - t0);
     const u32 band = r / (band_heads * tiles), in_band = r % (band_heads * tiles);
     const u32 heads = min(band_heads, p.wg_heads - band * band_heads);
