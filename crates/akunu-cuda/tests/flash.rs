@@ -421,6 +421,26 @@ fn prefill_every_head_size_and_group() {
     }
 }
 
+/// More KV heads than one band holds (wgmma prefill bands a quarter of the heads, at least
+/// four), causal runs long enough for several runs of tile lengths, the last of them one band:
+/// every tile of every head is handed out once, whatever the order.
+#[test]
+fn prefill_in_length_runs_and_head_bands() {
+    let Some(gpu) = common::gpu() else { return };
+    let mut seed = 950;
+    for d in [64, 128, 256] {
+        let k = kernels(&gpu, FlashDtype::Bf16, d, d, false);
+        for n_kv in [8, 12] {
+            for causal in [true, false] {
+                let mut c = Case::new(d, 2 * n_kv, n_kv, &[520, 130], &[0, 40]);
+                c.causal = causal;
+                check(&gpu, &k, &c, seed);
+                seed += 1;
+            }
+        }
+    }
+}
+
 /// The engine's prefill: f16 queries, f32 output.
 #[test]
 fn prefill_with_f16_queries_and_f32_output() {
