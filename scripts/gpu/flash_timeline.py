@@ -9,9 +9,10 @@ For each file: every consumer warpgroup's time split into what it was doing betw
 step's loop overhead, an item's last P V, its stores, waiting for the first item and for the
 next), in % of its span and in cycles per occurrence; the steps an item took; how far ahead of
 the consumers the loading warp issued each K tile and the preparing warps each item's queries,
-and where the preparing warps' time goes; and how the blocks' ends spread. `--trace` also lists
-one block's marks from all its streams in time order (COUNT of them from the FIRST), cycles
-from the block's start, to read how the two warpgroups take turns.
+where the preparing warps' time goes, and the block's first item part by part (nothing
+overlaps it); and how the blocks' ends spread. `--trace` also lists one block's marks from all
+its streams in time order (COUNT of them from the FIRST), cycles from the block's start, to
+read how the two warpgroups take turns.
 """
 import statistics
 import struct
@@ -141,6 +142,27 @@ def prep_lead(prep, consumer):
     return [signed_cycles(issued[v], c) for c, e, v in consumer if e == ITEM and v in issued]
 
 
+# The block's first item, which nothing overlaps, in the order its marks come.
+FIRST_ITEM = [
+    "block start to the preparing warps' start",
+    "index",
+    "rows and queries issued",
+    "queries landed, consumers woken",
+]
+
+
+def first_item(prep, consumer):
+    """Cycles of each FIRST_ITEM part of the block's first item, from the consumer's start
+    and first item marks and the preparing warps' marks of it; None without them all."""
+    start = next((c for c, e, _ in consumer if e == START), None)
+    item = next((c for c, e, _ in consumer if e == ITEM), None)
+    marks = [next((c for c, e, _ in prep if e == want), None) for want in (PREP, PREP_ITEM, PREP_Q)]
+    if start is None or item is None or None in marks:
+        return None
+    points = [start] + marks + [item]
+    return [signed_cycles(a, b) for a, b in zip(points, points[1:])]
+
+
 # The preparing warps' phases: from each mark to the next.
 PREP_PHASES = [
     (PREP_Q, PREP, "waiting for a free slot"),
@@ -164,7 +186,7 @@ def prep_phases(marks):
 def summary(path, blocks):
     totals = {name: 0 for name, _ in PHASES}
     counts = {name: 0 for name, _ in PHASES}
-    spans, steps, leads, rates, ends, q_leads = [], [], [], [], [], []
+    spans, steps, leads, rates, ends, q_leads, firsts = [], [], [], [], [], [], []
     prep_total, prep_count = {}, {}
     for streams in blocks:
         if len(streams) > 3:
@@ -186,6 +208,9 @@ def summary(path, blocks):
             leads += k_lead(streams[2], marks)
             if len(streams) > 3:
                 q_leads += prep_lead(streams[3], marks)
+                first = first_item(streams[3], marks)
+                if first:
+                    firsts.append(first)
             rate = clock_rate(marks)
             if rate:
                 rates.append(rate)
@@ -223,6 +248,9 @@ def summary(path, blocks):
     if prep_count:
         print("preparing warps, cycles each: " + ", ".join(
             f"{name} {prep_total[name] / prep_count[name]:,.0f} ({prep_count[name]})" for name in prep_total))
+    if firsts:
+        print("the first item, median cycles over warpgroups: " + ", ".join(
+            f"{name} {statistics.median(f[i] for f in firsts):,.0f}" for i, name in enumerate(FIRST_ITEM)))
     if len(ends) > 1 and ghz:
         first = min(ends)
         late = sorted(((e - first) & 0xFFFFFFFF) / 1e3 for e in ends)
