@@ -88,7 +88,8 @@ pub struct ChipConfig {
     /// 2 all. On an H100, all against none: tg128 +1.7 % (llama3.2-1b q4_0), +1.8 %
     /// (llama3.1-8b q4_0), but −0.4 % on qwen3-0.6b q4_0 (its o blocks alone), −0.8 % on
     /// qwen3-4b q4_k and −0.9 % on llama3.1-8b q4_k
-    /// (docs/perf/2026-12-06-o-product-release.md).
+    /// (docs/perf/2026-12-06-o-product-release.md); the default against none again, +1.4 % and
+    /// +1.8 % (docs/perf/2026-12-07-o-release-sweep.md).
     pub gemv_norm_release: usize,
     /// Decode steps launch their kernels with programmatic dependent launch (Hopper and later),
     /// so each one is scheduled while its predecessor drains; `AKUNU_CHIP_DEPENDENT_LAUNCH=0`
