@@ -5,6 +5,7 @@
 # per (defines, kernel), and writes each module's SASS beside its cubin.
 #   scripts/gpu/sass.sh FILE.cu [KERNEL-REGEX]
 # Environment: AKUNU_VENV (default .venv), AKUNU_SASS_DIR (default /tmp/akunu-sass, emptied).
+# One module's compile and wgmma verdict alone, in seconds: scripts/gpu/nvrtc_module.py.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 file=${1:?usage: scripts/gpu/sass.sh FILE.cu [KERNEL-REGEX]}
