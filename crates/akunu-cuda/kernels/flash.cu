@@ -1103,8 +1103,7 @@ __device__ __forceinline__ Work wg_work(const FlashParams& p, u32 i) {
 // WG_TIMELINE_RECORDS pairs a stream, four streams a block, for blocks below p.debug_tiles. The
 // host clears the buffer, so a stream ends at its first zero pair; a stream that fills up drops
 // the rest. MARK_NS pairs hold the global timer's low 32 bits (ns) in place of the clock, to
-// convert cycles to time. The host
-// mirrors these numbers (`TIMELINE_*` in src/flash.rs).
+// convert cycles to time. The host mirrors these numbers (`TIMELINE_*` in src/flash.rs).
 constexpr u32 WG_TIMELINE_RECORDS = 16384, WG_TIMELINE_STREAMS = 4;
 enum WgMark : u32 {
     MARK_START = 1,  // the stream begins (value 0)
