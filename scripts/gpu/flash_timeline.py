@@ -189,8 +189,9 @@ def summary(path, blocks):
     spans, steps, leads, rates, ends, q_leads, firsts = [], [], [], [], [], [], []
     prep_total, prep_count = {}, {}
     for streams in blocks:
-        if len(streams) > 3:
-            t, c = prep_phases(streams[3])
+        prep = streams[3] if len(streams) > 3 else None
+        if prep:
+            t, c = prep_phases(prep)
             for name in t:
                 prep_total[name] = prep_total.get(name, 0) + t[name]
                 prep_count[name] = prep_count.get(name, 0) + c[name]
@@ -206,9 +207,9 @@ def summary(path, blocks):
                 counts[name] += c[name]
             steps += item_steps(marks)
             leads += k_lead(streams[2], marks)
-            if len(streams) > 3:
-                q_leads += prep_lead(streams[3], marks)
-                first = first_item(streams[3], marks)
+            if prep:
+                q_leads += prep_lead(prep, marks)
+                first = first_item(prep, marks)
                 if first:
                     firsts.append(first)
             rate = clock_rate(marks)
@@ -253,7 +254,7 @@ def summary(path, blocks):
             f"{name} {statistics.median(f[i] for f in firsts):,.0f}" for i, name in enumerate(FIRST_ITEM)))
     if len(ends) > 1 and ghz:
         first = min(ends)
-        late = sorted(((e - first) & 0xFFFFFFFF) / 1e3 for e in ends)
+        late = sorted(cycles(first, e) / 1e3 for e in ends)
         print(f"warpgroups' ends after the first one's: median {statistics.median(late):.1f} us, "
               f"last {late[-1]:.1f} us")
     print()
