@@ -946,7 +946,8 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
 // - three producer warps prepare each item: its rows, each row's keys and the item's key
 //   range, and its queries into one of two slots, up to two items ahead, so an item's set-up
 //   overlaps the one before (at head size 256 one query slot, refilled once the consumers'
-//   last S = Q K^T of the item is done);
+//   last S = Q K^T of the item is done); the block's first item, which nothing overlaps, all
+//   the block's threads prepare together before they take their roles;
 // - a loading warp streams WG_BN-key tiles of K and of V into two rings of WG_STAGES stages in
 //   wgmma's swizzled layout, by tensor copies (one lane issues a tile; the host passes tensor
 //   maps of the caches) or, for a slice's partial last tile and where the host has no maps, by
@@ -1251,6 +1252,10 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
         mbar_init(smem_addr(&q_empty[threadIdx.x]), WG_CONSUMERS + WG_LOADERS);
     }
     if (threadIdx.x == 2) mbar_init(smem_addr(&q_read), WG_CONSUMERS / 32);
+    // Timeline streams: the consumer warpgroups 0 and 1, the loading warp 2, the preparing warps 3.
+    const u32 stream = wg > 0 ? wg - 1 : warp > 0 ? 3 : 2;
+    Timeline tl(p, stream, threadIdx.x % 128 == 0 || threadIdx.x == WG_LOADERS);
+    tl.begin();
     __syncthreads();
     // The queries of the m-th item, then the K and V rings.
     const auto q_tile = [&](u32 m) { return base + m % WG_QSLOTS * Q_BYTES; };
@@ -1265,8 +1270,38 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
         return items[m & 1].index;
     };
 
+    // The block's first item, prepared by all its threads before they take their roles: nothing
+    // overlaps it, and the three preparing warps alone took 9,000 cycles for its rows and
+    // queries (docs/perf/2026-12-07-prefill-last-run.md). Its rows are visible to every thread
+    // after the barrier, so the loading warp starts on its keys without waiting for the queries.
+    // (A first item by block index, without the atomic, makes ptxas serialise the wgmma at head
+    // size 256.)
+    if (stream == 3) tl.mark(MARK_PREP, 0);
+    if (threadIdx.x == 0) items[0].index = wg_next_item(p, 0, n_items);
+    __syncthreads();
+    const u32 first = items[0].index;
+    if (first < n_items) {
+        WgItem& it = items[0];
+        if (stream == 3) tl.mark(MARK_PREP_ITEM, first);
+        const Work w = wg_work(p, first);
+        const PrefillTile tile = prefill_tile(p, w.x);
+        tile_rows<BM, WG_THREADS>(p, w, tile.t0, tile.ntok, tile.kv_len, it.row_tok, it.row_head, it.range,
+                                  threadIdx.x, it.row_keys);
+        if (threadIdx.x == 0) {
+            it.seq = tile.seq;
+            it.kv_len = tile.kv_len;
+        }
+        __syncthreads();
+        load_q<BM, WG_THREADS, true>(p, q_tile(0), it.row_tok, it.row_head, threadIdx.x);
+        if (stream == 3) tl.mark(MARK_PREP_Q, first);
+        mbar_arrive_cp_async_inc(smem_addr(&q_full[0]));
+    }
+    // Every thread's copies are counted before the preparing warps' arrivals can fill the slot.
+    __syncthreads();
+    if (stream == 3) mbar_arrive(smem_addr(&q_full[0]));
+
     if (wg == 0) {
-        // Producer warpgroup: warps 1-3 prepare each item (its rows and queries into the
+        // Producer warpgroup: warps 1-3 prepare each later item (its rows and queries into the
         // item's slot, once the consumers are done with the item two before), up to two items
         // ahead of the consumers; warp 0 streams K_j and V_j into their rings once the
         // consumers released the tiles WG_STAGES steps before (wg_load_tile).
@@ -1274,9 +1309,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
         u32 m = 0;  // items so far
         if (warp > 0) {
             const int tid = threadIdx.x - WG_LOADERS;
-            Timeline tl(p, 3, tid == 0);
-            tl.begin();
-            for (;; ++m) {
+            for (m = 1; first < n_items; ++m) {
                 const u32 slot = m & 1;
                 WgItem& it = items[slot];
                 if (m >= 2) mbar_wait(smem_addr(&q_empty[slot]), ((m >> 1) & 1) ^ 1);
@@ -1310,10 +1343,8 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
             tl.end(m);
         } else {
             u32 n = 0;  // steps so far
-            Timeline tl(p, 2, lane == 0);
-            tl.begin();
             for (;; ++m) {
-                const u32 i = wait_item(m);
+                const u32 i = m == 0 ? first : wait_item(m);
                 if (i >= n_items) break;
                 const WgItem& it = items[m & 1];
                 const Work w = wg_work(p, i);
@@ -1353,8 +1384,6 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
         Work last{};
         const bool staged_out = p.n_split == 1 && (p.o_tok * OUT_BYTES) % 16 == 0 && (p.o_head * OUT_BYTES) % 16 == 0 &&
                                 (u64)p.out % 16 == 0;
-        Timeline tl(p, cw, (tid & 127) == 0);
-        tl.begin();
         for (;; ++m) {
             const u32 i = wait_item(m);
             if (i >= n_items) break;
