@@ -1226,7 +1226,19 @@ struct WgItem {
     u32 range[2];
     u32 seq, kv_len;
     u32 index;  // the work item, n_items when none is left
+    // What it is (wg_work) and its keys [kb, ke) (its split's slice of range): worked out once,
+    // where the preparing warps have time, not by every consumer thread as the item starts.
+    Work work;
+    u32 kb, ke;
 };
+
+// The thread of tile_rows that wrote the item's range (tid 0) completes the item's fields.
+__device__ __forceinline__ void wg_item_fields(const FlashParams& p, WgItem& it, const Work& w, const PrefillTile& tile) {
+    it.seq = tile.seq;
+    it.kv_len = tile.kv_len;
+    it.work = w;
+    split_slice(p.n_split, w.z, it.range[0], it.range[1], WG_BN, it.kb, it.ke);
+}
 
 extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(const __grid_constant__ FlashParams p) {
     pdl_begin();
@@ -1287,10 +1299,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
         const PrefillTile tile = prefill_tile(p, w.x);
         tile_rows<BM, WG_THREADS>(p, w, tile.t0, tile.ntok, tile.kv_len, it.row_tok, it.row_head, it.range,
                                   threadIdx.x, it.row_keys);
-        if (threadIdx.x == 0) {
-            it.seq = tile.seq;
-            it.kv_len = tile.kv_len;
-        }
+        if (threadIdx.x == 0) wg_item_fields(p, it, w, tile);
         __syncthreads();
         load_q<BM, WG_THREADS, true>(p, q_tile(0), it.row_tok, it.row_head, threadIdx.x);
         if (stream == 3) tl.mark(MARK_PREP_Q, first);
@@ -1326,10 +1335,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
                 const PrefillTile tile = prefill_tile(p, w.x);
                 tile_rows<BM, WG_PREPARERS>(p, w, tile.t0, tile.ntok, tile.kv_len, it.row_tok, it.row_head, it.range,
                                             tid, it.row_keys);
-                if (tid == 0) {
-                    it.seq = tile.seq;
-                    it.kv_len = tile.kv_len;
-                }
+                if (tid == 0) wg_item_fields(p, it, w, tile);
                 sync_threads<WG_PREPARERS, WG_PRODUCER_BAR>();
                 if constexpr (WG_QSLOTS == 1)
                     if (m >= 1) mbar_wait(smem_addr(&q_read), (m - 1) & 1);
@@ -1347,10 +1353,8 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
                 const u32 i = m == 0 ? first : wait_item(m);
                 if (i >= n_items) break;
                 const WgItem& it = items[m & 1];
-                const Work w = wg_work(p, i);
-                const u32 seq = it.seq;
-                u32 kb, ke;
-                split_slice(p.n_split, w.z, it.range[0], it.range[1], BN_, kb, ke);
+                const Work w = it.work;
+                const u32 seq = it.seq, kb = it.kb, ke = it.ke;
                 const u32 g = w.y % p.n_head_kv;
                 const u16* kg = p.k + seq * p.k_seq + g * p.k_head;
                 const u16* vg = p.v + seq * p.v_seq + g * p.v_head;
@@ -1390,7 +1394,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
             tl.mark(MARK_ITEM, i);
             const u32 slot = m & 1;
             const WgItem& it = items[slot];
-            const Work w = wg_work(p, i);
+            const Work w = it.work;
             fence_async_shared();
             const u32 seq = it.seq;
             RowMask rm[1][2];
@@ -1411,8 +1415,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_prefill_wg(con
             see_lo = __reduce_max_sync(0xffffffffu, see_lo);
             see_hi = __reduce_min_sync(0xffffffffu, see_hi);
             const bool by_range = !p.q_seg && !p.tree_mask;
-            u32 kb, ke;
-            split_slice(p.n_split, w.z, it.range[0], it.range[1], BN_, kb, ke);
+            const u32 kb = it.kb, ke = it.ke;
             const int steps = (int)((ke - kb + BN_ - 1) / BN_);
             const u64 q_desc = wgmma_desc(q_tile(m) + q_rows, 16, 1024);
 
