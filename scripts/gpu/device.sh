@@ -16,6 +16,8 @@
 #   GPU_SANITIZE_JOBS=12 (sanitizer processes at once) GPU_SANITIZE_LIMIT=540 (seconds a test)
 #   GPU_AB="base runs" GPU_AB_ROUNDS=2 (stage ab: the prefill rows of flash-bench on the built
 #   kernels and on each .gpu/k<name> (build.sh's GPU_KERNEL_REVS), alternated, TFLOP/s)
+#   GPU_AB_SHAPES=decode (stage ab: the decode rows instead, read flush, us; stage timeline:
+#   only these rows' timelines, of the built kernels and of each GPU_AB variant)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -246,27 +248,35 @@ if [[ $stages == *flash* ]]; then
   done
 fi
 if [[ $stages == *timeline* ]]; then
-  # Where the wgmma prefill kernel's time goes: each prefill row once on a timeline build
-  # (flash-bench --timeline), summarised by flash_timeline.py into timeline.md.
+  # Where the wgmma prefill and decode kernels' time goes: each row once on a timeline build
+  # (flash-bench --timeline; decode after a read flush), summarised by flash_timeline.py into
+  # timeline.md (timeline-<variant>.md for GPU_AB's kernels).
   wait
-  "$B/flash-bench" --shapes prefill --iters 5 --timeline "$LOGS/timeline" > "$LOGS/timeline-bench.log" 2>&1
-  rc=$?
-  python3 scripts/gpu/flash_timeline.py "$LOGS"/timeline/*.timeline > "$OUT/timeline.md" 2>&1
-  row "prefill timelines: $([ $rc = 0 ] && echo "in timeline.md" || echo "FAIL ($(tail -1 "$LOGS/timeline-bench.log"))")"
+  for v in built ${GPU_AB:-}; do
+    [ "$v" = built ] && kdir=() || kdir=(AKUNU_KERNEL_DIR="$G/k$v")
+    name=$([ "$v" = built ] && echo timeline || echo "timeline-$v")
+    env "${kdir[@]}" "$B/flash-bench" --shapes "${GPU_AB_SHAPES:-prefill,decode}" --flush read --iters 5 \
+      --timeline "$LOGS/$name" > "$LOGS/$name-bench.log" 2>&1
+    rc=$?
+    python3 scripts/gpu/flash_timeline.py "$LOGS/$name"/*.timeline > "$OUT/$name.md" 2>&1
+    row "timelines ($v): $([ $rc = 0 ] && echo "in $name.md" || echo "FAIL ($(tail -1 "$LOGS/$name-bench.log"))")"
+  done
 fi
 if [[ $stages == *ab* ]]; then
   # Kernel sources against each other on the prefill rows, one after another in each round, so
   # a drift of the clocks reaches every variant alike.
   wait
+  ab_shapes=${GPU_AB_SHAPES:-prefill}
+  [ "$ab_shapes" = decode ] && ab_args=(--flush read --iters 100) ab_key=us || ab_args=(--iters 10) ab_key=tflops
   ab_row() {  # name, then the environment for flash-bench
     local name=$1; shift
     local cells
-    cells=$(env "$@" "$B/flash-bench" --shapes prefill --iters 10 --warmup 3 2>> "$LOGS/ab.err" | python3 -c '
+    cells=$(env "$@" "$B/flash-bench" --shapes "$ab_shapes" "${ab_args[@]}" --warmup 3 2>> "$LOGS/ab.err" | python3 -c '
 import json, sys
-print(" | ".join(str(json.loads(l).get("tflops", "error")) for l in sys.stdin if l.startswith("{")))')
+print(" | ".join(str(json.loads(l).get(sys.argv[1], "error")) for l in sys.stdin if l.startswith("{")))' "$ab_key")
     row "| $name | ${cells:-failed} |"
   }
-  row ""; row "GPU: $gpu, flash-bench --shapes prefill, TFLOP/s by row (in SHAPES order)"
+  row ""; row "GPU: $gpu, flash-bench --shapes $ab_shapes ${ab_args[*]}, $ab_key by row (in SHAPES order)"
   for round in $(seq "${GPU_AB_ROUNDS:-2}"); do
     ab_row built
     for v in ${GPU_AB:-}; do ab_row "$v" AKUNU_KERNEL_DIR="$G/k$v"; done

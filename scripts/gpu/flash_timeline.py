@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Where the wgmma prefill kernel's time goes, from the timelines `flash-bench --timeline DIR`
-writes (one file per prefill shape; `Timeline` in crates/akunu-cuda/kernels/flash.cu).
+"""Where the wgmma prefill and the decode kernels' time goes, from the timelines
+`flash-bench --timeline DIR` writes (one file per shape; `Timeline` in
+crates/akunu-cuda/kernels/flash.cu).
 
     scripts/gpu/flash_timeline.py [--trace BLOCK:FIRST:COUNT] FILE.timeline...
 
@@ -13,14 +14,21 @@ where the preparing warps' time goes, and the block's first item part by part (n
 overlaps it); and how the blocks' ends spread. `--trace` also lists one block's marks from all
 its streams in time order (COUNT of them from the FIRST), cycles from the block's start, to
 read how the two warpgroups take turns.
+
+For a decode file: each block's phases in us (start to rows known, to the first tile, the
+first warp's steps, waiting for the other warps, the stores, the split count and the merge),
+min / median / max over blocks, when the blocks start and end against the launch's first
+start, and the SMs whose steps ran fastest and slowest.
 """
+import array
 import statistics
 import struct
 import sys
 
 MAGIC = int.from_bytes(b"AKTL", "little")
 (START, NS, ITEM, WAIT_K, ISSUE, SCORES, STEP, LAST_PV, STORED, END,
- LOAD_K, LOAD_V, PREP, PREP_ITEM, PREP_Q) = range(1, 16)
+ LOAD_K, LOAD_V, PREP, PREP_ITEM, PREP_Q,
+ DEC_SM, DEC_RANGE, DEC_FIRST, DEC_LOOP, DEC_WARPS, DEC_STATES, DEC_STORED) = range(1, 23)
 CONSUMERS = 2  # streams 0 and 1; stream 2 is the loading warp, 3 the preparing warps
 
 # Consumer phases: the mark that opens each and how it is named.
@@ -55,7 +63,9 @@ def read(path):
     magic, blocks, streams, records = struct.unpack_from("<4I", data)
     if magic != MAGIC:
         raise SystemExit(f"{path}: not a timeline file")
-    words = struct.unpack_from(f"<{blocks * streams * records * 2}I", data, 16)
+    words = array.array("I", data[16:16 + 8 * blocks * streams * records])
+    if sys.byteorder != "little":
+        words.byteswap()
     out = []
     for b in range(blocks):
         per = []
@@ -260,6 +270,78 @@ def summary(path, blocks):
     print()
 
 
+# Decode phases: the marks that open and close each, and how it is named.
+DEC_PHASES = [
+    (START, DEC_RANGE, "rows", "start until the rows and their key range are known"),
+    (DEC_RANGE, DEC_FIRST, "first tile", "until the first warp's first tile landed"),
+    (DEC_FIRST, DEC_LOOP, "steps", "the first warp's steps"),
+    (DEC_LOOP, DEC_WARPS, "other warps", "waiting for the block's other warps"),
+    (DEC_WARPS, DEC_STORED, "store", "warps' states combined, rows stored"),
+    (DEC_WARPS, DEC_STATES, "store: states", "... the warps' states into shared memory"),
+    (DEC_STATES, DEC_STORED, "store: rows", "... combined and stored"),
+    (DEC_STORED, END, "count, merge", "counted and (the last split) merged"),
+]
+
+
+def decode_summary(path, blocks):
+    """Decode blocks' phases in us; each block's clock mapped to the global timer by its start,
+    at the median clock rate over blocks."""
+    recs = []
+    for streams in blocks:
+        marks = streams[0] if streams else []
+        if not marks:
+            continue
+        rate = clock_rate(marks)
+        at = {e: c for c, e, _ in marks if e != NS}
+        ns = [c for c, e, _ in marks if e == NS]
+        values = {e: v for _, e, v in marks}
+        recs.append((marks[0][0], ns[0] if ns else None, rate, at, values))
+    rates = [r for _, _, r, _, _ in recs if r]
+    if not recs or not rates or any(n is None for _, n, _, _, _ in recs):
+        print(f"{path}: no decode records")
+        return
+    ghz = statistics.median(rates)
+    origin = min(n for _, n, _, _, _ in recs)
+
+    def when(rec, e):
+        """us from the launch's first start to the block's mark e, or None."""
+        c0, n0, _, at, _ = rec
+        return None if e not in at else ((n0 - origin) + cycles(c0, at[e]) / ghz) / 1e3
+
+    merged = [r for r in recs if r[4].get(END) == 1]
+    print(f"## {path}")
+    print()
+    print(f"{len(recs)} blocks, {len(merged)} merged splits' rows; {ghz:.2f} GHz")
+    print()
+    print("| phase | what | min | median | max | merging blocks' median |")
+    print("|---|---|---|---|---|---|")
+    for a, b, name, what in DEC_PHASES:
+        spans = [(when(r, b) - when(r, a), r in merged) for r in recs if when(r, a) is not None and when(r, b) is not None]
+        if not spans:
+            continue
+        xs = [x for x, _ in spans]
+        ms = [x for x, m in spans if m]
+        mm = f"{statistics.median(ms):.2f}" if ms else "-"
+        print(f"| {name} | {what} | {min(xs):.2f} | {statistics.median(xs):.2f} | {max(xs):.2f} | {mm} |")
+    print()
+    for e, name in ((START, "start"), (DEC_FIRST, "first tile"), (DEC_LOOP, "first warp's steps done"),
+                    (DEC_WARPS, "every warp's steps done"), (END, "end")):
+        xs = sorted(x for x in (when(r, e) for r in recs) if x is not None)
+        if xs:
+            print(f"blocks' {name}: {xs[0]:.2f} / {statistics.median(xs):.2f} / {xs[-1]:.2f} us "
+                  "after the launch's first start (first / median / last)")
+    by_sm = {}
+    for r in recs:
+        if DEC_FIRST in r[3] and DEC_LOOP in r[3] and r[4].get(DEC_FIRST):
+            us = cycles(r[3][DEC_FIRST], r[3][DEC_LOOP]) / ghz / 1e3
+            by_sm.setdefault(r[4].get(DEC_SM), []).append(us / r[4][DEC_FIRST])
+    if len(by_sm) > 8:
+        per = sorted((statistics.median(v), sm) for sm, v in by_sm.items())
+        print("us a step of the first warp, fastest SMs: " + ", ".join(f"{sm} {x:.3f}" for x, sm in per[:4])
+              + "; slowest: " + ", ".join(f"{sm} {x:.3f}" for x, sm in per[-4:]))
+    print()
+
+
 NAMES = {START: "start", NS: "ns", ITEM: "item", WAIT_K: "wait K", ISSUE: "issue",
          SCORES: "scores", STEP: "packed", LAST_PV: "last PV", STORED: "stored", END: "end",
          LOAD_K: "load K", LOAD_V: "load V", PREP: "slot free", PREP_ITEM: "index",
@@ -301,6 +383,9 @@ def main(argv):
         argv = argv[2:]
     for path in argv:
         blocks = read(path)
+        if any(e == DEC_SM for streams in blocks for marks in streams[:1] for _, e, _ in marks[:4]):
+            decode_summary(path, blocks)
+            continue
         summary(path, blocks)
         if spec:
             trace(path, blocks[spec[0]], *spec)

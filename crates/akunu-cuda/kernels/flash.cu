@@ -766,21 +766,21 @@ __device__ __forceinline__ bool sync_threads_or(bool v) {
 
 // After every thread stored this split's partial rows: the last of the tile's n_split splits to
 // get here merges their rows into the output and re-arms the tile's counter (for the next
-// launch, a graph replay included). One pass over the splits, rescaling as the maximum grows;
+// launch, a graph replay included); true in that block. One pass over the splits, rescaling as the maximum grows;
 // UNROLL splits' loads are in flight together (each round is an L2 round trip).
 // One thread counts the split with an acquire-release atomic after the barrier, which orders
 // the block's stores before the count and the merge's loads after it. A fence in every thread
 // before and after cost about 1 % of a small model's decode at 4K keys, where this chain ends
 // every layer's attention (docs/perf/2026-11-23-split-merge.md).
 template <int BM, int THREADS, int BAR = 0, int UNROLL = 8>
-__device__ void merge_splits(const FlashParams& p, u32 n_split, const Work& w, const int* row_tok,
+__device__ bool merge_splits(const FlashParams& p, u32 n_split, const Work& w, const int* row_tok,
                              const int* row_head, int tid) {
     const u32 slot = w.x * w.heads + w.y;
     sync_threads<THREADS, BAR>();
     u32 done = 0;
     if (tid == 0)
         asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(done) : "l"(p.counters + slot) : "memory");
-    if (!sync_threads_or<THREADS, BAR>(tid == 0 && done == n_split - 1)) return;
+    if (!sync_threads_or<THREADS, BAR>(tid == 0 && done == n_split - 1)) return false;
     const u64 stride = (u64)p.n_tokens * p.n_head;
     constexpr int C4 = DV / 4;
     for (int i = tid; i < BM * C4; i += THREADS) {
@@ -818,6 +818,7 @@ __device__ void merge_splits(const FlashParams& p, u32 n_split, const Work& w, c
         store_act<4>(p, valid, t, h, c, out);
     }
     if (tid == 0) p.counters[slot] = 0;
+    return true;
 }
 
 // A prefill warp's finished rows (rows[m][i] of the tile: C-fragment rows lane / 4 and
@@ -937,6 +938,88 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill(const FlashPa
     store_rows<MT>(p, w.z, st, rows, row_tok, row_head, lane);
     if (p.n_split > 1) merge_splits<BM, THREADS>(p, p.n_split, w, row_tok, row_head, tid);
 }
+
+// Timeline builds (-DFLASH_TIMELINE; flash-bench --timeline): in flash_prefill_wg one thread of
+// each consumer warpgroup (streams 0 and 1), of the loading warp (stream 2) and of the
+// preparing warps (stream 3), in flash_decode the block's first thread (stream 0), writes pairs
+// of 32-bit words, (SM clock, event << 24 | value), into p.debug: WG_TIMELINE_RECORDS pairs a
+// stream, four streams a block, for blocks below p.debug_tiles (decode: by the block's index
+// in its grid, x fastest). The
+// host clears the buffer, so a stream ends at its first zero pair; a stream that fills up drops
+// the rest. MARK_NS pairs hold the global timer's low 32 bits (ns) in place of the clock, to
+// convert cycles to time. The host mirrors these numbers (`TIMELINE_*` in src/flash.rs).
+constexpr u32 WG_TIMELINE_RECORDS = 16384, WG_TIMELINE_STREAMS = 4;
+enum WgMark : u32 {
+    MARK_START = 1,  // the stream begins (value 0)
+    MARK_NS,         // global timer (value 0)
+    MARK_ITEM,       // a work item begins (value: the item)
+    MARK_WAIT_K,     // step j begins: waiting for K_j and the turn (value: j)
+    MARK_ISSUE,      // S_j (and P_{j-1} V_{j-1}) about to be issued
+    MARK_SCORES,     // S_j has landed
+    MARK_STEP,       // step j's probabilities packed
+    MARK_LAST_PV,    // the item's last P V has landed (value: the item's steps)
+    MARK_STORED,     // the item's rows are stored (value: the item)
+    MARK_END,        // no item left (value: items taken)
+    MARK_LOAD_K,     // the loading warp issues K_n (value: n, the block's steps so far)
+    MARK_LOAD_V,     // ... and V_n
+    MARK_PREP,       // a preparing warp finds the m-th item's slot free (value: m)
+    MARK_PREP_ITEM,  // ... has the item's index (value: the item)
+    MARK_PREP_Q,     // ... has its rows and issued its queries (value: the item)
+    // flash_decode (MARK_START, then these, then MARK_END with value 1 where the block merged
+    // the splits):
+    MARK_DEC_SM,       // the block's SM (value: its %smid)
+    MARK_DEC_RANGE,    // the rows and their key range known (value: the block's split)
+    MARK_DEC_FIRST,    // the first warp's first tile landed (value: its steps)
+    MARK_DEC_LOOP,     // the first warp's steps done
+    MARK_DEC_WARPS,    // every warp's steps done
+    MARK_DEC_STATES,   // the warps' states in shared memory
+    MARK_DEC_STORED,   // the block's rows stored (the split's partials, or the output)
+};
+struct Timeline {
+#ifdef FLASH_TIMELINE
+    u32* at = nullptr;
+    u32 n = 0;
+    __device__ __forceinline__ Timeline(const FlashParams& p, u32 stream, bool writer, u32 block = blockIdx.x) {
+        if (writer && p.debug && block < p.debug_tiles)
+            at = (u32*)p.debug + 2ull * WG_TIMELINE_RECORDS * (block * WG_TIMELINE_STREAMS + stream);
+    }
+    __device__ __forceinline__ void put(u32 word, u32 event, u32 value) {
+        if (at && n < WG_TIMELINE_RECORDS)
+            asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(at + 2 * n), "r"(word),
+                         "r"(event << 24 | (value & 0xffffffu))
+                         : "memory");
+        ++n;
+    }
+    __device__ __forceinline__ void mark(u32 event, u32 value) {
+        u32 t;
+        asm volatile("mov.u32 %0, %%clock;" : "=r"(t)::"memory");
+        put(t, event, value);
+    }
+    __device__ __forceinline__ void global_time() {
+        u64 t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+        put((u32)t, MARK_NS, 0);
+    }
+    __device__ __forceinline__ void sm() {
+        u32 id;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+        mark(MARK_DEC_SM, id);
+    }
+#else
+    __device__ __forceinline__ Timeline(const FlashParams&, u32, bool, u32 = 0) {}
+    __device__ __forceinline__ void mark(u32, u32) {}
+    __device__ __forceinline__ void global_time() {}
+    __device__ __forceinline__ void sm() {}
+#endif
+    __device__ __forceinline__ void begin() {
+        mark(MARK_START, 0);
+        global_time();
+    }
+    __device__ __forceinline__ void end(u32 items) {
+        mark(MARK_END, items);
+        global_time();
+    }
+};
 
 #if defined(AKUNU_WGMMA) && (HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256) && HEAD_DIM_V == HEAD_DIM && \
     !defined(FLASH_DEBUG)
@@ -1097,71 +1180,6 @@ __device__ __forceinline__ Work wg_work(const FlashParams& p, u32 i) {
     const u32 heads = min(band_heads, p.wg_heads - band * band_heads);
     return Work{t0 + in_band / heads, band * band_heads + in_band % heads, z, p.wg_heads};
 }
-
-// Timeline builds (-DFLASH_TIMELINE; flash-bench --timeline): one thread of each consumer
-// warpgroup (streams 0 and 1), of the loading warp (stream 2) and of the preparing warps
-// (stream 3) writes pairs of 32-bit words, (SM clock, event << 24 | value), into p.debug:
-// WG_TIMELINE_RECORDS pairs a stream, four streams a block, for blocks below p.debug_tiles. The
-// host clears the buffer, so a stream ends at its first zero pair; a stream that fills up drops
-// the rest. MARK_NS pairs hold the global timer's low 32 bits (ns) in place of the clock, to
-// convert cycles to time. The host mirrors these numbers (`TIMELINE_*` in src/flash.rs).
-constexpr u32 WG_TIMELINE_RECORDS = 16384, WG_TIMELINE_STREAMS = 4;
-enum WgMark : u32 {
-    MARK_START = 1,  // the stream begins (value 0)
-    MARK_NS,         // global timer (value 0)
-    MARK_ITEM,       // a work item begins (value: the item)
-    MARK_WAIT_K,     // step j begins: waiting for K_j and the turn (value: j)
-    MARK_ISSUE,      // S_j (and P_{j-1} V_{j-1}) about to be issued
-    MARK_SCORES,     // S_j has landed
-    MARK_STEP,       // step j's probabilities packed
-    MARK_LAST_PV,    // the item's last P V has landed (value: the item's steps)
-    MARK_STORED,     // the item's rows are stored (value: the item)
-    MARK_END,        // no item left (value: items taken)
-    MARK_LOAD_K,     // the loading warp issues K_n (value: n, the block's steps so far)
-    MARK_LOAD_V,     // ... and V_n
-    MARK_PREP,       // a preparing warp finds the m-th item's slot free (value: m)
-    MARK_PREP_ITEM,  // ... has the item's index (value: the item)
-    MARK_PREP_Q,     // ... has its rows and issued its queries (value: the item)
-};
-struct Timeline {
-#ifdef FLASH_TIMELINE
-    u32* at = nullptr;
-    u32 n = 0;
-    __device__ __forceinline__ Timeline(const FlashParams& p, u32 stream, bool writer) {
-        if (writer && p.debug && blockIdx.x < p.debug_tiles)
-            at = (u32*)p.debug + 2ull * WG_TIMELINE_RECORDS * (blockIdx.x * WG_TIMELINE_STREAMS + stream);
-    }
-    __device__ __forceinline__ void put(u32 word, u32 event, u32 value) {
-        if (at && n < WG_TIMELINE_RECORDS)
-            asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(at + 2 * n), "r"(word),
-                         "r"(event << 24 | (value & 0xffffffu))
-                         : "memory");
-        ++n;
-    }
-    __device__ __forceinline__ void mark(u32 event, u32 value) {
-        u32 t;
-        asm volatile("mov.u32 %0, %%clock;" : "=r"(t)::"memory");
-        put(t, event, value);
-    }
-    __device__ __forceinline__ void global_time() {
-        u64 t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
-        put((u32)t, MARK_NS, 0);
-    }
-#else
-    __device__ __forceinline__ Timeline(const FlashParams&, u32, bool) {}
-    __device__ __forceinline__ void mark(u32, u32) {}
-    __device__ __forceinline__ void global_time() {}
-#endif
-    __device__ __forceinline__ void begin() {
-        mark(MARK_START, 0);
-        global_time();
-    }
-    __device__ __forceinline__ void end(u32 items) {
-        mark(MARK_END, items);
-        global_time();
-    }
-};
 
 // The warpgroup's finished rows into the output (not a split's partials) through its own rows
 // of the item's query slot, which no S = Q K^T reads any more: each thread writes its fragments
@@ -1690,6 +1708,9 @@ __device__ __forceinline__ void decode(const FlashParams& p) {
     u8* smem = dec_smem;
     const u32 base = smem_addr(smem);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    Timeline tl(p, 0, tid == 0, blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+    tl.begin();
+    tl.sm();
 
     __shared__ DecodeRope rope;
     const bool fused = p.k_new != nullptr;
@@ -1701,6 +1722,7 @@ __device__ __forceinline__ void decode(const FlashParams& p) {
     const u32 kv_len = p.kv_len ? min(p.kv_len[seq], p.n_ctx) : p.n_ctx;
     tile_rows<BM, THREADS>(p, work, t0, 1, kv_len, row_tok, row_head, block_range, tid);
     __syncthreads();
+    tl.mark(MARK_DEC_RANGE, work.z);
     // The launch's split count suits the longest context it may see (a captured graph replays
     // it as the context grows) and what one wave holds. A block's token uses all of the wave's
     // (fill_splits) where each gets at least one step per warp; otherwise up to eight splits of
@@ -1715,7 +1737,10 @@ __device__ __forceinline__ void decode(const FlashParams& p) {
                             ? p.fill_splits
                             : max(min(keys / (2 * SPLIT_KEYS), 8u), keys / (4 * SPLIT_KEYS));
     const u32 n_split = max(1u, min(p.n_split, by_keys));
-    if (work.z >= n_split) return;
+    if (work.z >= n_split) {
+        tl.end(0);
+        return;
+    }
     u32 kb, ke;
     split_slice(n_split, work.z, block_range[0], block_range[1], SPLIT_KEYS, kb, ke);
 #ifdef FLASH_DEBUG
@@ -1772,6 +1797,7 @@ __device__ __forceinline__ void decode(const FlashParams& p) {
         const int ahead = it + DEC_STAGES - 1;
         ring.fill(p, ahead % DEC_STAGES, wb + ahead * wstep, lane);
         ring.wait();
+        if (it == 0) tl.mark(MARK_DEC_FIRST, steps);
         float* dbg = nullptr;
 #ifdef FLASH_DEBUG
         if (p.debug && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && warp == 0 && (u32)it < p.debug_tiles)
@@ -1786,8 +1812,10 @@ __device__ __forceinline__ void decode(const FlashParams& p) {
         attend<DEC_KEYS, 1, QREGS>(p, st, q, ring.k(stage), ring.v(stage), k0, rm, seq, lane, dbg);
         __syncwarp();
     }
+    tl.mark(MARK_DEC_LOOP, 0);
     cp_async_wait_all();
     __syncthreads();
+    tl.mark(MARK_DEC_WARPS, 0);
 
     // The warps' states through shared memory (over the rings): per warp the running max and
     // sum of each row, then the unnormalised rows, padding rows left out. Rows are DV + 8
@@ -1813,6 +1841,7 @@ __device__ __forceinline__ void decode(const FlashParams& p) {
         }
     }
     __syncthreads();
+    tl.mark(MARK_DEC_STATES, 0);
     const bool partial = n_split > 1;
     constexpr int C2 = DV / 2;
     // Only up to the last real row: past it (14 of 16 rows at GQA 2) each pass would cost a
@@ -1847,9 +1876,11 @@ __device__ __forceinline__ void decode(const FlashParams& p) {
             store_act<2>(p, true, t, row_head[r], c, out);
         }
     }
+    tl.mark(MARK_DEC_STORED, 0);
     // Decode has the most splits (up to one per resident block), and its merge ends the
     // launch: twice prefill's loads per round.
-    if (partial) merge_splits<BM, THREADS, 0, 16>(p, n_split, work, row_tok, row_head, tid);
+    const bool merged = partial && merge_splits<BM, THREADS, 0, 16>(p, n_split, work, row_tok, row_head, tid);
+    tl.end(merged);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) flash_decode(const FlashParams p) { decode<false>(p); }

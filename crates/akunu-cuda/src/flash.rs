@@ -363,8 +363,8 @@ pub struct FlashArgs {
     /// the first block's first 16 rows (layout in [`FlashConfig::debug_step_floats`]). In such
     /// a build, decode gives all of a block's keys to its first warp, so the steps are
     /// consecutive. With a [`FlashConfig::timeline`] build: a zeroed buffer of
-    /// [`timeline_bytes`]`(debug_steps)` that `flash_prefill_wg`'s first `debug_steps` blocks
-    /// fill with their timelines ([`TIMELINE_STREAMS`] streams a block of
+    /// [`timeline_bytes`]`(debug_steps)` that the first `debug_steps` blocks of
+    /// `flash_prefill_wg` or `flash_decode` fill with their timelines ([`TIMELINE_STREAMS`] streams a block of
     /// [`TIMELINE_RECORDS`] (clock, event) pairs of u32, as `Timeline` in flash.cu writes them).
     pub debug: u64,
     pub debug_steps: usize,

@@ -13,10 +13,11 @@
 //! reads of its projections). FLOPs count
 //! 4·B·H·S²·D, halved when causal; decode GB/s counts the K and V bytes read.
 //!
-//! With `--timeline DIR`, each prefill shape also runs once on a timeline build of the wgmma
-//! prefill kernel, whose blocks record when each step waits, issues and gets its scores
-//! (`Timeline` in flash.cu); the records go to `DIR/<shape>.timeline` for
-//! `scripts/gpu/flash_timeline.py`.
+//! With `--timeline DIR`, each shape also runs once on a timeline build (`Timeline` in
+//! flash.cu): the wgmma prefill kernel's blocks record when each step waits, issues and gets
+//! its scores, the decode kernel's (after a flush, as timed) when the rows, the first tile,
+//! the last step and the stores came and when the block ended; the records go to
+//! `DIR/<shape>.timeline` for `scripts/gpu/flash_timeline.py`.
 
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -121,11 +122,19 @@ impl Shape {
 
     /// The file name of this shape's timeline.
     fn timeline_name(&self) -> String {
-        let mask = if self.causal { "causal" } else { "full" };
-        format!(
-            "prefill-b{}-h{}-s{}-d{}-{mask}.timeline",
-            self.b, self.h, self.s, self.d
-        )
+        match self.kind {
+            Kind::Prefill => {
+                let mask = if self.causal { "causal" } else { "full" };
+                format!(
+                    "prefill-b{}-h{}-s{}-d{}-{mask}.timeline",
+                    self.b, self.h, self.s, self.d
+                )
+            }
+            Kind::Decode => format!(
+                "decode-b{}-h{}-{}-kv{}-d{}.timeline",
+                self.b, self.h, self.hkv, self.kv, self.d
+            ),
+        }
     }
 
     /// The prefill query runs: each sequence's `s` tokens.
@@ -552,25 +561,36 @@ const TIMELINE_MAGIC: u32 = u32::from_le_bytes(*b"AKTL");
 
 /// The shape once on the timeline build, its records written to `dir`: a header of four u32
 /// (magic, blocks, streams a block, records a stream), then each stream's (clock, event)
-/// pairs. `None` when no block recorded anything (the shape ran on another kernel).
-fn record_timeline(gpu: &Gpu, sh: &Shape, o: &Options, dir: &Path) -> Res<Option<PathBuf>> {
+/// pairs. `None` when no block recorded anything (the shape ran on another kernel). Records
+/// cover one block per SM: a wgmma prefill launch's persistent blocks, or a decode launch's
+/// first wave.
+fn record_timeline(
+    gpu: &Gpu,
+    sh: &Shape,
+    o: &Options,
+    dir: &Path,
+    flush: &Flush,
+) -> Res<Option<PathBuf>> {
     let mut p = Problem::new(gpu, sh, o.dtype)?;
     let cfg = FlashConfig::new(o.dtype.flash(), sh.d, sh.d).with_timeline();
     let kernels = FlashKernels::new(gpu, cfg)?;
     let runs = sh.runs();
-    let scratch = FlashScratch::new(
-        gpu,
-        kernels.scratch_bytes(&p.args, &Queries::Runs(&runs), sh.kv),
-    )?;
+    let queries = || match sh.kind {
+        Kind::Prefill => Queries::Runs(&runs),
+        Kind::Decode => Queries::PerToken,
+    };
+    let scratch = FlashScratch::new(gpu, kernels.scratch_bytes(&p.args, &queries(), sh.kv))?;
     let blocks = gpu.chip.sm_count;
     p.args.debug_steps = blocks;
-    // The first run compiles and warms; the second records into a buffer cleared for it.
+    // The first run compiles and warms; the second records into a buffer cleared for it,
+    // after a flush as a timed run.
     let warm = gpu.alloc(timeline_bytes(blocks))?;
     p.args.debug = warm.ptr();
-    kernels.run(gpu, &p.args, Queries::Runs(&runs), sh.kv, &scratch)?;
+    kernels.run(gpu, &p.args, queries(), sh.kv, &scratch)?;
     let buf = gpu.alloc(timeline_bytes(blocks))?;
     p.args.debug = buf.ptr();
-    kernels.run(gpu, &p.args, Queries::Runs(&runs), sh.kv, &scratch)?;
+    flush.run(gpu)?;
+    kernels.run(gpu, &p.args, queries(), sh.kv, &scratch)?;
     let mut records = vec![0u32; timeline_bytes(blocks) / 4];
     gpu.read(&buf, 0, &mut records)?;
     if records.iter().all(|&w| w == 0) {
@@ -643,11 +663,11 @@ fn bench(o: &Options) -> Res<bool> {
         let r = measure(&gpu, sh, o, &flush);
         all_ok &= matches!(&r, Ok(m) if m.max_err.is_ok());
         println!("{}", json_line(sh, o.dtype, o.iters, &r));
-        if let (Some(dir), Kind::Prefill) = (&o.timeline, sh.kind) {
-            match record_timeline(&gpu, sh, o, dir) {
+        if let Some(dir) = &o.timeline {
+            match record_timeline(&gpu, sh, o, dir, &flush) {
                 Ok(Some(path)) => eprintln!("flash-bench: timeline in {}", path.display()),
                 Ok(None) => eprintln!(
-                    "flash-bench: no timeline for {}: it did not run on the wgmma prefill kernel",
+                    "flash-bench: no timeline for {}: it ran on a kernel without one",
                     sh.timeline_name()
                 ),
                 Err(e) => {
