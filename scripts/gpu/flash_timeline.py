@@ -28,7 +28,8 @@ import sys
 MAGIC = int.from_bytes(b"AKTL", "little")
 (START, NS, ITEM, WAIT_K, ISSUE, SCORES, STEP, LAST_PV, STORED, END,
  LOAD_K, LOAD_V, PREP, PREP_ITEM, PREP_Q,
- DEC_SM, DEC_RANGE, DEC_FIRST, DEC_LOOP, DEC_WARPS, DEC_STATES, DEC_STORED) = range(1, 23)
+ DEC_SM, DEC_RANGE, DEC_FIRST, DEC_LOOP, DEC_WARPS, DEC_STATES, DEC_STORED, DEC_COUNTED,
+ DEC_SPUN) = range(1, 25)
 CONSUMERS = 2  # streams 0 and 1; stream 2 is the loading warp, 3 the preparing warps
 
 # Consumer phases: the mark that opens each and how it is named.
@@ -279,7 +280,11 @@ DEC_PHASES = [
     (DEC_WARPS, DEC_STORED, "store", "warps' states combined, rows stored"),
     (DEC_WARPS, DEC_STATES, "store: states", "... the warps' states into shared memory"),
     (DEC_STATES, DEC_STORED, "store: rows", "... combined and stored"),
+    (DEC_STORED, DEC_COUNTED, "count", "the split counted"),
     (DEC_STORED, END, "count, merge", "counted and (the last split) merged"),
+    (DEC_COUNTED, END, "merge", "(the last split) merged"),
+    (DEC_COUNTED, DEC_SPUN, "merge: wait", "... until every split's rows were stored"),
+    (DEC_SPUN, END, "merge: rows", "... the rows merged and stored"),
 ]
 
 
@@ -308,7 +313,7 @@ def decode_summary(path, blocks):
         c0, n0, _, at, _ = rec
         return None if e not in at else ((n0 - origin) + cycles(c0, at[e]) / ghz) / 1e3
 
-    merged = [r for r in recs if r[4].get(END) == 1]
+    merged = [r for r in recs if r[4].get(END) == 1 or r[4].get(DEC_COUNTED) == 1]
     print(f"## {path}")
     print()
     print(f"{len(recs)} blocks, {len(merged)} merged splits' rows; {ghz:.2f} GHz")
@@ -317,12 +322,18 @@ def decode_summary(path, blocks):
     print("|---|---|---|---|---|---|")
     for a, b, name, what in DEC_PHASES:
         spans = [(when(r, b) - when(r, a), r in merged) for r in recs if when(r, a) is not None and when(r, b) is not None]
+        if (a, b) == (DEC_STORED, END) and any(DEC_COUNTED in r[3] for r in recs):
+            continue
         if not spans:
             continue
         xs = [x for x, _ in spans]
         ms = [x for x, m in spans if m]
         mm = f"{statistics.median(ms):.2f}" if ms else "-"
         print(f"| {name} | {what} | {min(xs):.2f} | {statistics.median(xs):.2f} | {max(xs):.2f} | {mm} |")
+    reads = [r[4][DEC_SPUN] for r in merged if DEC_SPUN in r[4]]
+    if reads:
+        print()
+        print(f"counter reads of the merging blocks' wait: median {statistics.median(reads)}, most {max(reads)}")
     print()
     for e, name in ((START, "start"), (DEC_FIRST, "first tile"), (DEC_LOOP, "first warp's steps done"),
                     (DEC_WARPS, "every warp's steps done"), (END, "end")):

@@ -764,23 +764,14 @@ __device__ __forceinline__ bool sync_threads_or(bool v) {
     return any != 0;
 }
 
-// After every thread stored this split's partial rows: the last of the tile's n_split splits to
-// get here merges their rows into the output and re-arms the tile's counter (for the next
-// launch, a graph replay included); true in that block. One pass over the splits, rescaling as the maximum grows;
-// UNROLL splits' loads are in flight together (each round is an L2 round trip).
-// One thread counts the split with an acquire-release atomic after the barrier, which orders
-// the block's stores before the count and the merge's loads after it. A fence in every thread
-// before and after cost about 1 % of a small model's decode at 4K keys, where this chain ends
-// every layer's attention (docs/perf/2026-11-23-split-merge.md).
-template <int BM, int THREADS, int BAR = 0, int UNROLL = 8>
-__device__ bool merge_splits(const FlashParams& p, u32 n_split, const Work& w, const int* row_tok,
-                             const int* row_head, int tid) {
+// The tile's n_split splits' partial rows merged into the output, by the block that found
+// them all stored, which then re-arms the tile's counter (for the next launch, a graph replay
+// included). One pass over the splits, rescaling as the maximum grows; UNROLL splits' loads
+// are in flight together (each round is an L2 round trip).
+template <int BM, int THREADS, int UNROLL>
+__device__ void merge_rows(const FlashParams& p, u32 n_split, const Work& w, const int* row_tok, const int* row_head,
+                           int tid) {
     const u32 slot = w.x * w.heads + w.y;
-    sync_threads<THREADS, BAR>();
-    u32 done = 0;
-    if (tid == 0)
-        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(done) : "l"(p.counters + slot) : "memory");
-    if (!sync_threads_or<THREADS, BAR>(tid == 0 && done == n_split - 1)) return false;
     const u64 stride = (u64)p.n_tokens * p.n_head;
     constexpr int C4 = DV / 4;
     for (int i = tid; i < BM * C4; i += THREADS) {
@@ -818,7 +809,21 @@ __device__ bool merge_splits(const FlashParams& p, u32 n_split, const Work& w, c
         store_act<4>(p, valid, t, h, c, out);
     }
     if (tid == 0) p.counters[slot] = 0;
-    return true;
+}
+
+// After every thread stored this split's partial rows: the last of the tile's n_split splits to
+// get here merges them (merge_rows). One thread counts the split with an acquire-release
+// atomic after the barrier, which orders the block's stores before the count and the merge's
+// loads after it. A fence in every thread before and after cost about 1 % of a small model's
+// decode at 4K keys (docs/perf/2026-11-23-split-merge.md).
+template <int BM, int THREADS, int BAR = 0>
+__device__ void merge_splits(const FlashParams& p, u32 n_split, const Work& w, const int* row_tok,
+                             const int* row_head, int tid) {
+    sync_threads<THREADS, BAR>();
+    u32 done = 0;
+    if (tid == 0)
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(done) : "l"(p.counters + w.x * w.heads + w.y) : "memory");
+    if (sync_threads_or<THREADS, BAR>(tid == 0 && done == n_split - 1)) merge_rows<BM, THREADS, 8>(p, n_split, w, row_tok, row_head, tid);
 }
 
 // A prefill warp's finished rows (rows[m][i] of the tile: C-fragment rows lane / 4 and
@@ -974,6 +979,8 @@ enum WgMark : u32 {
     MARK_DEC_WARPS,    // every warp's steps done
     MARK_DEC_STATES,   // the warps' states in shared memory
     MARK_DEC_STORED,   // the block's rows stored (the split's partials, or the output)
+    MARK_DEC_COUNTED,  // the split counted (value: 1 where this block merges)
+    MARK_DEC_SPUN,     // the merging block saw every split's rows stored (value: counter reads)
 };
 struct Timeline {
 #ifdef FLASH_TIMELINE
@@ -1816,6 +1823,21 @@ __device__ __forceinline__ void decode(const FlashParams& p) {
     cp_async_wait_all();
     __syncthreads();
     tl.mark(MARK_DEC_WARPS, 0);
+    // The split counts its arrival now, while the block combines and stores its rows: the
+    // split that arrives last merges, once every other split has also counted its rows stored
+    // (the counter's high half, each added with release after the block's stores). So the
+    // last split's merge waits for no round trip of its own stores or its count, as it did
+    // with one acquire-release count after the stores (merge_splits).
+    const bool partial = n_split > 1;
+    u32* const counter = p.counters + work.x * work.heads + work.y;
+    constexpr u32 STORED = 1u << 16;
+    u32 seen = 0;
+    // An increment that never wraps (the count stays below 2^32 - 2), not an add: ptxas turns a
+    // one-lane add (or an increment with a constant bound of 2^32 - 1) into a warp's
+    // aggregated add whose result is shuffled out at once, so the warp would wait for the
+    // round trip here. A bound it cannot fold keeps the increment.
+    const u32 bound = 0xfffffffeu | (n_split & 1u);
+    if (partial && tid == 0) asm volatile("atom.relaxed.gpu.global.inc.u32 %0, [%1], %2;" : "=r"(seen) : "l"(counter), "r"(bound) : "memory");
 
     // The warps' states through shared memory (over the rings): per warp the running max and
     // sum of each row, then the unnormalised rows, padding rows left out. Rows are DV + 8
@@ -1842,7 +1864,6 @@ __device__ __forceinline__ void decode(const FlashParams& p) {
     }
     __syncthreads();
     tl.mark(MARK_DEC_STATES, 0);
-    const bool partial = n_split > 1;
     constexpr int C2 = DV / 2;
     // Only up to the last real row: past it (14 of 16 rows at GQA 2) each pass would cost a
     // shared-memory load and a branch on the launch's critical path. A multiple of 32 passes
@@ -1877,10 +1898,30 @@ __device__ __forceinline__ void decode(const FlashParams& p) {
         }
     }
     tl.mark(MARK_DEC_STORED, 0);
+    if (!partial) {
+        tl.end(0);
+        return;
+    }
+    const bool last = sync_threads_or<THREADS, 0>(tid == 0 && (seen & (STORED - 1)) == n_split - 1);
+    tl.mark(MARK_DEC_COUNTED, last);
+    if (!last) {
+        if (tid == 0) asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(counter), "r"(STORED) : "memory");
+        tl.end(0);
+        return;
+    }
+    if (tid == 0) {
+        u32 reads = 0;
+        for (; seen / STORED != n_split - 1; ++reads)
+            asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+        asm volatile("fence.acquire.gpu;" ::: "memory");
+        tl.mark(MARK_DEC_SPUN, reads);
+    }
+    __syncthreads();
     // Decode has the most splits (up to one per resident block), and its merge ends the
-    // launch: twice prefill's loads per round.
-    const bool merged = partial && merge_splits<BM, THREADS, 0, 16>(p, n_split, work, row_tok, row_head, tid);
-    tl.end(merged);
+    // launch: twice prefill's loads per round. This block's own rows are read back as stored
+    // (the barrier orders them within the block).
+    merge_rows<BM, THREADS, 16>(p, n_split, work, row_tok, row_head, tid);
+    tl.end(1);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) flash_decode(const FlashParams p) { decode<false>(p); }
