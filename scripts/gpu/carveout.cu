@@ -10,39 +10,10 @@
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/carveout \
 //     scripts/gpu/carveout.cu && /tmp/carveout
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <vector>
-#include <cuda_runtime.h>
-static void check(cudaError_t e, const char* call) {
-    if (e != cudaSuccess) {
-        printf("%s: %s\n", call, cudaGetErrorString(e));
-        exit(1);
-    }
-}
-#define CK(x) check((x), #x)
+#include "stream_read.cuh"
 
-constexpr int THREADS = 512, IN_FLIGHT = 8;
 constexpr int SMEM = 129 * 1024;
-
-template <int TAG>
-__global__ void __launch_bounds__(THREADS) stream_read(const uint4* __restrict__ src, size_t n, unsigned* out) {
-    unsigned acc = 0;
-    const size_t stride = (size_t)gridDim.x * THREADS;
-    size_t i = (size_t)blockIdx.x * THREADS + threadIdx.x;
-    for (; i + (IN_FLIGHT - 1) * stride < n; i += IN_FLIGHT * stride) {
-        uint4 v[IN_FLIGHT];
-#pragma unroll
-        for (int j = 0; j < IN_FLIGHT; ++j) v[j] = __ldcs(src + i + j * stride);
-#pragma unroll
-        for (int j = 0; j < IN_FLIGHT; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
-    }
-    for (; i < n; i += stride) {
-        const uint4 v = __ldcs(src + i);
-        acc ^= v.x ^ v.y ^ v.z ^ v.w;
-    }
-    if (acc == 0x9e3779b9u) out[blockIdx.x] = acc;
-}
 
 template <int TAG>
 __global__ void empty() {}

@@ -7,40 +7,8 @@
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/read_floor \
 //     scripts/gpu/read_floor.cu && /tmp/read_floor
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <vector>
-#include <cuda_runtime.h>
-// Any CUDA error ends the run with its call.
-static void check(cudaError_t e, const char* call) {
-    if (e != cudaSuccess) {
-        printf("%s: %s\n", call, cudaGetErrorString(e));
-        exit(1);
-    }
-}
-#define CK(x) check((x), #x)
-
-constexpr int THREADS = 512, IN_FLIGHT = 8;
-
-// Every 16-byte word of src once, IN_FLIGHT loads a thread outstanding; one word per block out
-// so the loads stay.
-__global__ void __launch_bounds__(THREADS) stream_read(const uint4* __restrict__ src, size_t n, unsigned* out) {
-    unsigned acc = 0;
-    const size_t stride = (size_t)gridDim.x * THREADS;
-    size_t i = (size_t)blockIdx.x * THREADS + threadIdx.x;
-    for (; i + (IN_FLIGHT - 1) * stride < n; i += IN_FLIGHT * stride) {
-        uint4 v[IN_FLIGHT];
-#pragma unroll
-        for (int j = 0; j < IN_FLIGHT; ++j) v[j] = __ldcs(src + i + j * stride);
-#pragma unroll
-        for (int j = 0; j < IN_FLIGHT; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
-    }
-    for (; i < n; i += stride) {
-        const uint4 v = __ldcs(src + i);
-        acc ^= v.x ^ v.y ^ v.z ^ v.w;
-    }
-    if (acc == 0x9e3779b9u) out[blockIdx.x] = acc;
-}
+#include "stream_read.cuh"
 
 __global__ void empty() {}
 
@@ -75,7 +43,7 @@ int main() {
     auto time_one = [&](auto launch) {
         std::vector<float> t;
         for (int it = 0; it < 23; ++it) {
-            stream_read<<<grid, THREADS>>>(flush, flush_bytes / 16, out);
+            stream_read<0><<<grid, THREADS>>>(flush, flush_bytes / 16, out);
             CK(cudaEventRecord(e0));
             launch();
             CK(cudaEventRecord(e1));
@@ -90,9 +58,9 @@ int main() {
     printf("empty launch: %.1f us\n", time_one([&] { empty<<<1, 32>>>(); }));
     for (size_t keys : rows) {
         const size_t bytes = keys * 8 * 128 * 2 * 2;
-        const float one = time_one([&] { stream_read<<<grid, THREADS>>>(bufs[0], bytes / 16, out); });
+        const float one = time_one([&] { stream_read<0><<<grid, THREADS>>>(bufs[0], bytes / 16, out); });
         const float eight = time_one([&] {
-            for (int c = 0; c < copies; ++c) stream_read<<<grid, THREADS>>>(bufs[c], bytes / 16, out);
+            for (int c = 0; c < copies; ++c) stream_read<0><<<grid, THREADS>>>(bufs[c], bytes / 16, out);
         }) / copies;
         printf("%6zu keys, %6.1f MB: one launch %6.1f us (%.2f TB/s), of eight back to back %6.1f us (%.2f TB/s)\n",
                keys, bytes / 1e6, one, bytes / one / 1e6, eight, bytes / eight / 1e6);
