@@ -16,6 +16,8 @@
 #   GPU_SANITIZE_JOBS=12 (sanitizer processes at once) GPU_SANITIZE_LIMIT=540 (seconds a test)
 #   GPU_AB="base runs" GPU_AB_ROUNDS=2 (stage ab: the prefill rows of flash-bench on the built
 #   kernels and on each .gpu/k<name> (build.sh's GPU_KERNEL_REVS), alternated, TFLOP/s)
+#   GPU_FLASH_ROUNDS=3 (stage flash: our binary and PyTorch take turns that many times, each
+#   cell the rounds' median and each ratio the median of the rounds' ratios)
 #   GPU_AB_SHAPES=decode (stage ab: the decode rows instead, read flush, us; stage timeline:
 #   only these rows' timelines, of the built kernels and of each GPU_AB variant)
 set -uo pipefail
@@ -241,7 +243,8 @@ if [[ $stages == *flash* ]]; then
   # Every row with L2 left dirty by the flush (BENCHMARKS.md's method), then decode with it
   # left clean, as an engine decode step finds it.
   for args in "" "--shapes decode --flush read"; do
-    python3 scripts/gpu/flash_bench.py --ours "$B/flash-bench" $args 2>> "$LOGS/flash-bench.log" \
+    python3 scripts/gpu/flash_bench.py --ours "$B/flash-bench" $args --rounds "${GPU_FLASH_ROUNDS:-1}" \
+      2>> "$LOGS/flash-bench.log" \
       | while IFS= read -r line; do row "$line"; done
     rc=${PIPESTATUS[0]}
     [ "$rc" = 0 ] || row "flash bench $args: FAIL ($(tail -1 "$LOGS/flash-bench.log"))"

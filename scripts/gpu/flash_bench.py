@@ -4,7 +4,7 @@ scaled_dot_product_attention, FA2 and cuDNN backends, on the attention shapes of
 as one markdown table on stdout. The binary's stderr and per-run details go to stderr.
 
     python3 scripts/gpu/flash_bench.py --ours .gpu/bin/flash-bench [--dtype bf16|f16]
-        [--iters 50] [--warmup 10] [--shapes prefill,decode] [--flush write|read]
+        [--iters 50] [--warmup 10] [--shapes prefill,decode] [--flush write|read] [--rounds 1]
 
 Both sides time alike: `warmup` untimed runs, then the median of `iters` runs, each between two
 CUDA events with L2 flushed before it. A write flush leaves L2 full of dirty lines, which the
@@ -12,6 +12,10 @@ timed kernel pays to write back; a read flush leaves it clean. Prefill cells are
 (4·B·H·S²·D, halved when causal), decode cells µs (GB/s of K and V read). A row still prints
 when one side fails: the cell says n/a and a note below the table says why; the exit code is 0
 whenever the table printed.
+
+With `--rounds N` the binary and PyTorch take turns N times (a call's runs drift by a few
+percent, more than some of the margins read here): each cell is the median over the rounds and
+each ratio the median of the rounds' ratios, with their range beside it.
 """
 
 import argparse
@@ -303,10 +307,33 @@ def ratio(shape, ours, other):
     return f"{throughput(shape, ours) / throughput(shape, other):.2f}"
 
 
-def table(shapes, ours, peers, gpu, args):
+def ratio_cell(shape, ours_rounds, peer_rounds):
+    """The median of the rounds' ratios, with their range when there are several."""
+    ratios = [ratio(shape, o, p) for o, p in zip(ours_rounds, peer_rounds)]
+    ratios = [float(r) for r in ratios if r != "-"]
+    if not ratios:
+        return "-"
+    mid = f"{statistics.median(ratios):.2f}"
+    return mid if len(ratios) == 1 else f"{mid} ({min(ratios):.2f}–{max(ratios):.2f})"
+
+
+def combine(rounds):
+    """One result from a cell's rounds: the median time of those that have one, wrong if any
+    was, else the first error."""
+    timed = [r for r in rounds if r.us is not None]
+    if not timed:
+        return rounds[0]
+    return Result(us=statistics.median(r.us for r in timed), note=timed[0].note,
+                  wrong=any(r.wrong for r in timed))
+
+
+def table(shapes, ours_rounds, peers_rounds, gpu, args):
+    """The table from each round's results (ours: by shape; peers: by name, then shape)."""
     notes = Notes()
+    ours = {k: combine([r[k] for r in ours_rounds]) for k in ours_rounds[0]}
+    rounds = f"{len(ours_rounds)} alternated rounds, cells their median; " if len(ours_rounds) > 1 else ""
     rows = [
-        f"Attention, {args.dtype}: prefill in TFLOP/s, decode in us (GB/s); median of "
+        f"Attention, {args.dtype}: prefill in TFLOP/s, decode in us (GB/s); {rounds}median of "
         f"{args.iters} runs, L2 flushed by a {args.flush} before each; ours/peer is the speed "
         "ratio (above 1: ours is faster).",
         "",
@@ -314,11 +341,13 @@ def table(shapes, ours, peers, gpu, args):
         "|---|---|---|---|---|---|",
     ]
     for shape in shapes:
-        o = ours[shape.key()]
-        fa2, cudnn = peers["FA2"][shape.key()], peers["cuDNN"][shape.key()]
-        rows.append(f"| {shape.label()} | {cell(shape, o, notes)} | {cell(shape, fa2, notes)} | "
-                    f"{cell(shape, cudnn, notes)} | {ratio(shape, o, fa2)} | "
-                    f"{ratio(shape, o, cudnn)} |")
+        key = shape.key()
+        o = ours[key]
+        mine = [r[key] for r in ours_rounds]
+        fa2s, cudnns = ([r[name][key] for r in peers_rounds] for name in ("FA2", "cuDNN"))
+        rows.append(f"| {shape.label()} | {cell(shape, o, notes)} | {cell(shape, combine(fa2s), notes)} | "
+                    f"{cell(shape, combine(cudnns), notes)} | {ratio_cell(shape, mine, fa2s)} | "
+                    f"{ratio_cell(shape, mine, cudnns)} |")
     rows += [""] + notes.lines() + [f"GPU: {gpu}"]
     return rows
 
@@ -333,10 +362,12 @@ def parse_args(argv):
                    help="comma-separated kinds: prefill, decode")
     p.add_argument("--flush", choices=["write", "read"], default="write",
                    help="how L2 is emptied before each timed run")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="times the binary and PyTorch take turns")
     a = p.parse_args(argv)
     kinds = [k.strip() for k in a.shapes.split(",")]
-    if a.iters < 1 or a.warmup < 0:
-        p.error("--iters must be at least 1 and --warmup at least 0")
+    if a.iters < 1 or a.warmup < 0 or a.rounds < 1:
+        p.error("--iters and --rounds must be at least 1 and --warmup at least 0")
     if not kinds or any(k not in ("prefill", "decode") for k in kinds):
         p.error(f"--shapes {a.shapes}: expected prefill and/or decode")
     a.kinds = kinds
@@ -345,18 +376,31 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
-    # The binary runs first, before PyTorch holds any GPU memory.
-    ours, ours_missing = run_ours(args.ours, args)
     shapes = [s for s in SHAPES if s.kind in args.kinds]
-    shapes += [Shape(*k) for k in ours if k not in {s.key() for s in shapes}]
-    peers, torch_missing, gpu = run_torch(shapes, args)
-    for name in ("FA2", "cuDNN"):
-        peer = peers.setdefault(name, {})
+    ours_rounds, peers_rounds, gpu = [], [], None
+    for n in range(args.rounds):
+        if args.rounds > 1:
+            log(f"round {n + 1} of {args.rounds}")
+        # The binary runs first, before PyTorch holds any GPU memory (run_torch gives its
+        # cache back after each shape).
+        ours, ours_missing = run_ours(args.ours, args)
+        shapes += [Shape(*k) for k in ours if k not in {s.key() for s in shapes}]
+        peers, torch_missing, gpu = run_torch(shapes, args)
+        for name in ("FA2", "cuDNN"):
+            peer = peers.setdefault(name, {})
+            for s in shapes:
+                peer.setdefault(s.key(), Result(error=torch_missing or "not measured"))
         for s in shapes:
-            peer.setdefault(s.key(), Result(error=torch_missing or "not measured"))
-    for s in shapes:
-        ours.setdefault(s.key(), Result(error=ours_missing))
-    for row in table(shapes, ours, peers, gpu or gpu_name(), args):
+            ours.setdefault(s.key(), Result(error=ours_missing))
+        ours_rounds.append(ours)
+        peers_rounds.append(peers)
+    # A shape the binary added in a later round has no cell in the earlier ones.
+    for ours, peers in zip(ours_rounds, peers_rounds):
+        for s in shapes:
+            ours.setdefault(s.key(), Result(error="not measured in this round"))
+            for name in ("FA2", "cuDNN"):
+                peers[name].setdefault(s.key(), Result(error="not measured in this round"))
+    for row in table(shapes, ours_rounds, peers_rounds, gpu or gpu_name(), args):
         print(row)
     return 0
 
