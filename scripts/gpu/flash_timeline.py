@@ -280,11 +280,11 @@ DEC_PHASES = [
     (DEC_WARPS, DEC_STORED, "store", "warps' states combined, rows stored"),
     (DEC_WARPS, DEC_STATES, "store: states", "... the warps' states into shared memory"),
     (DEC_STATES, DEC_STORED, "store: rows", "... combined and stored"),
-    (DEC_STORED, DEC_COUNTED, "count", "the split counted"),
+    (DEC_STORED, DEC_COUNTED, "last known", "until the barrier tells whether the split arrived last"),
     (DEC_STORED, END, "count, merge", "counted and (the last split) merged"),
-    (DEC_COUNTED, END, "merge", "(the last split) merged"),
-    (DEC_COUNTED, DEC_SPUN, "merge: wait", "... until every split's rows were stored"),
-    (DEC_SPUN, END, "merge: rows", "... the rows merged and stored"),
+    (DEC_COUNTED, END, "end", "the last split merged, the others counted their rows stored"),
+    (DEC_COUNTED, DEC_SPUN, "merge: wait", "... until every split's rows were stored (last split)"),
+    (DEC_SPUN, END, "merge: rows", "... the rows merged and stored (last split)"),
 ]
 
 
@@ -313,7 +313,7 @@ def decode_summary(path, blocks):
         c0, n0, _, at, _ = rec
         return None if e not in at else ((n0 - origin) + cycles(c0, at[e]) / ghz) / 1e3
 
-    merged = [r for r in recs if r[4].get(END) == 1 or r[4].get(DEC_COUNTED) == 1]
+    merged = [r for r in recs if r[4].get(END) == 1]
     print(f"## {path}")
     print()
     print(f"{len(recs)} blocks, {len(merged)} merged splits' rows; {ghz:.2f} GHz")

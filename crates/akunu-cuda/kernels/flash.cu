@@ -4,7 +4,8 @@
 // Compiled per element type and head sizes: -DHEAD_DIM, -DHEAD_DIM_V (16..256, multiples of
 // 16), -DKV_BF16 (K, V and Q are bf16, else f16), -DQ_F32 (queries are read as f32 and rounded to
 // the element type), -DOUT_F32 (output rows are f32, else the element type), -DFLASH_DEBUG,
-// -DFLASH_TIMELINE (flash_prefill_wg's per-step timeline, see Timeline).
+// -DFLASH_TIMELINE (flash_prefill_wg's per-step and flash_decode's per-phase timelines, see
+// Timeline).
 //
 // Plan:
 // 1. Rows, not heads: a block owns query rows of one KV head, packed as (token, query head of
@@ -16,7 +17,8 @@
 // 2. The block walks the keys its rows can see (the union of their causal and window ranges,
 //    so whole masked tiles are never loaded). Split-KV (gridDim.z) gives each split a slice of
 //    that range; a split writes normalised partial rows with their log2-sum-exp, and the last
-//    split of a tile to finish (a counter per tile) merges them, so no second launch is needed.
+//    split of a tile to finish (a counter per tile; in decode, the last to finish its steps,
+//    once the others' rows are stored) merges them, so no second launch is needed.
 // 3. A warp step over a K/V tile in shared memory: S = Q K^T (Q fragments kept in registers for
 //    head sizes up to 128), scale (and soft-cap), the per-element mask only where some row of
 //    the warp does not see the whole step (causal edge, window edge, segments, tree), online
@@ -814,8 +816,8 @@ __device__ void merge_rows(const FlashParams& p, u32 n_split, const Work& w, con
 // After every thread stored this split's partial rows: the last of the tile's n_split splits to
 // get here merges them (merge_rows). One thread counts the split with an acquire-release
 // atomic after the barrier, which orders the block's stores before the count and the merge's
-// loads after it. A fence in every thread before and after cost about 1 % of a small model's
-// decode at 4K keys (docs/perf/2026-11-23-split-merge.md).
+// loads after it (a fence in every thread cost more: docs/perf/2026-11-23-split-merge.md).
+// Prefill's; decode counts its splits earlier (decode()).
 template <int BM, int THREADS, int BAR = 0>
 __device__ void merge_splits(const FlashParams& p, u32 n_split, const Work& w, const int* row_tok,
                              const int* row_head, int tid) {
@@ -1827,7 +1829,8 @@ __device__ __forceinline__ void decode(const FlashParams& p) {
     // split that arrives last merges, once every other split has also counted its rows stored
     // (the counter's high half, each added with release after the block's stores). So the
     // last split's merge waits for no round trip of its own stores or its count, as it did
-    // with one acquire-release count after the stores (merge_splits).
+    // with one acquire-release count after the stores (merge_splits; this chain ends every
+    // layer's attention in the engine: docs/perf/2026-12-07-decode-timeline.md).
     const bool partial = n_split > 1;
     u32* const counter = p.counters + work.x * work.heads + work.y;
     constexpr u32 STORED = 1u << 16;
@@ -1911,9 +1914,15 @@ __device__ __forceinline__ void decode(const FlashParams& p) {
     }
     if (tid == 0) {
         u32 reads = 0;
-        for (; seen / STORED != n_split - 1; ++reads)
+        for (; seen / STORED < n_split - 1; ++reads)
             asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+        // The acquire half alone where PTX has it (sm_90, CUDA 12.8): it does not wait for
+        // this block's own stores, as an acquire-release fence does.
+#if __CUDA_ARCH__ >= 900 && (__CUDACC_VER_MAJOR__ > 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ >= 8))
         asm volatile("fence.acquire.gpu;" ::: "memory");
+#else
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+#endif
         tl.mark(MARK_DEC_SPUN, reads);
     }
     __syncthreads();

@@ -562,8 +562,8 @@ const TIMELINE_MAGIC: u32 = u32::from_le_bytes(*b"AKTL");
 /// The shape once on the timeline build, its records written to `dir`: a header of four u32
 /// (magic, blocks, streams a block, records a stream), then each stream's (clock, event)
 /// pairs. `None` when no block recorded anything (the shape ran on another kernel). Records
-/// cover one block per SM: a wgmma prefill launch's persistent blocks, or a decode launch's
-/// first wave.
+/// cover as many blocks as SMs: a wgmma prefill launch's persistent blocks, and a decode
+/// launch's first blocks by index (all of them on these shapes, one block per SM).
 fn record_timeline(
     gpu: &Gpu,
     sh: &Shape,
