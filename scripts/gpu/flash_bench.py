@@ -377,7 +377,7 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(argv)
     shapes = [s for s in SHAPES if s.kind in args.kinds]
-    ours_rounds, peers_rounds, gpu = [], [], None
+    rounds, gpu = [], None
     for n in range(args.rounds):
         if args.rounds > 1:
             log(f"round {n + 1} of {args.rounds}")
@@ -386,20 +386,15 @@ def main(argv=None):
         ours, ours_missing = run_ours(args.ours, args)
         shapes += [Shape(*k) for k in ours if k not in {s.key() for s in shapes}]
         peers, torch_missing, gpu = run_torch(shapes, args)
-        for name in ("FA2", "cuDNN"):
-            peer = peers.setdefault(name, {})
-            for s in shapes:
-                peer.setdefault(s.key(), Result(error=torch_missing or "not measured"))
+        rounds.append((ours, ours_missing, peers, torch_missing))
+    # Every cell of every round, once all shapes are known, says why it has no time.
+    for ours, ours_missing, peers, torch_missing in rounds:
         for s in shapes:
             ours.setdefault(s.key(), Result(error=ours_missing))
-        ours_rounds.append(ours)
-        peers_rounds.append(peers)
-    # A shape the binary added in a later round has no cell in the earlier ones.
-    for ours, peers in zip(ours_rounds, peers_rounds):
-        for s in shapes:
-            ours.setdefault(s.key(), Result(error="not measured in this round"))
             for name in ("FA2", "cuDNN"):
-                peers[name].setdefault(s.key(), Result(error="not measured in this round"))
+                peers.setdefault(name, {}).setdefault(s.key(), Result(error=torch_missing or "not measured"))
+    ours_rounds = [r[0] for r in rounds]
+    peers_rounds = [r[2] for r in rounds]
     for row in table(shapes, ours_rounds, peers_rounds, gpu or gpu_name(), args):
         print(row)
     return 0

@@ -320,10 +320,13 @@ def decode_summary(path, blocks):
     print()
     print("| phase | what | min | median | max | merging blocks' median |")
     print("|---|---|---|---|---|---|")
+    # A kernel that marks the count splits "count, merge" in two.
+    counted = any(DEC_COUNTED in r[3] for r in recs)
     for a, b, name, what in DEC_PHASES:
-        spans = [(when(r, b) - when(r, a), r in merged) for r in recs if when(r, a) is not None and when(r, b) is not None]
-        if (a, b) == (DEC_STORED, END) and any(DEC_COUNTED in r[3] for r in recs):
+        if (a, b) == (DEC_STORED, END) and counted:
             continue
+        spans = [(tb - ta, r in merged) for r in recs
+                 for ta, tb in [(when(r, a), when(r, b))] if ta is not None and tb is not None]
         if not spans:
             continue
         xs = [x for x, _ in spans]

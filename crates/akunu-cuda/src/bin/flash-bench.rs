@@ -142,6 +142,15 @@ impl Shape {
         (0..self.b).map(|b| (b * self.s, self.s)).collect()
     }
 
+    /// How the kernels take this shape's queries: prefill in `runs` (`Shape::runs`), decode
+    /// one token per sequence.
+    fn queries<'a>(&self, runs: &'a [(usize, usize)]) -> Queries<'a> {
+        match self.kind {
+            Kind::Prefill => Queries::Runs(runs),
+            Kind::Decode => Queries::PerToken,
+        }
+    }
+
     fn kv_bytes(&self, elem: usize) -> f64 {
         (2 * self.b * self.hkv * self.kv * self.d * elem) as f64
     }
@@ -517,10 +526,7 @@ fn measure(gpu: &Gpu, sh: &Shape, o: &Options, flush: &Flush) -> Res<Measured> {
     let p = Problem::new(gpu, sh, o.dtype)?;
     let kernels = FlashKernels::new(gpu, FlashConfig::new(o.dtype.flash(), sh.d, sh.d))?;
     let runs = sh.runs();
-    let queries = || match sh.kind {
-        Kind::Prefill => Queries::Runs(&runs),
-        Kind::Decode => Queries::PerToken,
-    };
+    let queries = || sh.queries(&runs);
     let scratch = FlashScratch::new(gpu, kernels.scratch_bytes(&p.args, &queries(), sh.kv))?;
     let run = || kernels.run(gpu, &p.args, queries(), sh.kv, &scratch);
     run()?;
@@ -575,10 +581,7 @@ fn record_timeline(
     let cfg = FlashConfig::new(o.dtype.flash(), sh.d, sh.d).with_timeline();
     let kernels = FlashKernels::new(gpu, cfg)?;
     let runs = sh.runs();
-    let queries = || match sh.kind {
-        Kind::Prefill => Queries::Runs(&runs),
-        Kind::Decode => Queries::PerToken,
-    };
+    let queries = || sh.queries(&runs);
     let scratch = FlashScratch::new(gpu, kernels.scratch_bytes(&p.args, &queries(), sh.kv))?;
     let blocks = gpu.chip.sm_count;
     p.args.debug_steps = blocks;
