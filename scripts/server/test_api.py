@@ -755,6 +755,10 @@ def test_context_limits(limits_server):
     assert_error(post(srv, "/v1/completions",
                       {"prompt": prompt, "max_tokens": 100, "stream": True}), 400,
                  code="context_length_exceeded")
+    for huge in (2**64 - 1, 2**64 - 100):
+        assert_error(post(srv, "/v1/completions", {"prompt": prompt, "max_tokens": huge}), 400,
+                     param="max_tokens", code="context_length_exceeded")
+        assert_healthy(srv)
     # Exactly the context: accepted.
     r = post(srv, "/v1/completions", {"prompt": prompt, "max_tokens": 56, "temperature": 0})
     assert r.status_code == 200, r.text

@@ -222,7 +222,7 @@ impl<'t, B: Backend> Scheduler<'t, B> {
             return Err(SubmitError::PromptTooLong { prompt, n_ctx });
         }
         if let Some(max_tokens) = request.params.max_tokens {
-            if prompt + max_tokens > n_ctx {
+            if max_tokens > n_ctx - prompt {
                 return Err(SubmitError::ContextExceeded {
                     prompt,
                     max_tokens,

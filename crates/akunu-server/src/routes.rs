@@ -363,21 +363,7 @@ async fn generate(st: Arc<AppState>, endpoint: Endpoint, body: Body) -> Result<R
         Endpoint::Chat => "messages",
         Endpoint::Completions => "prompt",
     };
-    if prompt.len() >= n_ctx {
-        return Err(ApiError::context_exceeded(
-            prompt_param,
-            format!(
-                "the prompt has {} tokens; this model's context holds {n_ctx}",
-                prompt.len()
-            ),
-        ));
-    }
-    if let Some(m) = max_tokens.filter(|&m| prompt.len() + m > n_ctx) {
-        return Err(ApiError::context_exceeded("max_tokens", format!(
-            "the prompt ({} tokens) plus max_tokens ({m}) exceeds this model's context of {n_ctx} tokens",
-            prompt.len()
-        )));
-    }
+    check_context(prompt.len(), max_tokens, n_ctx, prompt_param)?;
     let engine = &model.engine;
     if engine.stats.in_flight.load(Ordering::Relaxed) >= engine.n_slots + st.config.max_queue {
         return Err(ApiError::overloaded(
@@ -427,6 +413,27 @@ async fn generate(st: Arc<AppState>, endpoint: Endpoint, body: Body) -> Result<R
     } else {
         collect_response(job, rx).await
     }
+}
+
+/// Refuses a prompt that fills the context, or that leaves less room than `max_tokens`.
+fn check_context(
+    prompt: usize,
+    max_tokens: Option<usize>,
+    n_ctx: usize,
+    prompt_param: &str,
+) -> Result<(), ApiError> {
+    if prompt >= n_ctx {
+        return Err(ApiError::context_exceeded(
+            prompt_param,
+            format!("the prompt has {prompt} tokens; this model's context holds {n_ctx}"),
+        ));
+    }
+    if let Some(m) = max_tokens.filter(|&m| m > n_ctx - prompt) {
+        return Err(ApiError::context_exceeded("max_tokens", format!(
+            "the prompt ({prompt} tokens) plus max_tokens ({m}) exceeds this model's context of {n_ctx} tokens"
+        )));
+    }
+    Ok(())
 }
 
 fn model_unloaded() -> ApiError {
@@ -803,4 +810,23 @@ fn events(s: Streamer) -> impl Stream<Item = Result<Event, Infallible>> {
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn context_check_refuses_any_max_tokens_that_does_not_fit() {
+        assert!(check_context(10, Some(4086), 4096, "prompt").is_ok());
+        assert!(check_context(10, None, 4096, "prompt").is_ok());
+        for max_tokens in [4087, usize::MAX - 5, usize::MAX] {
+            let e = check_context(10, Some(max_tokens), 4096, "prompt").unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{max_tokens}");
+            assert_eq!(e.param.as_deref(), Some("max_tokens"), "{max_tokens}");
+            assert_eq!(e.code, Some("context_length_exceeded"), "{max_tokens}");
+        }
+        let e = check_context(4096, Some(1), 4096, "messages").unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages"));
+    }
 }

@@ -302,6 +302,14 @@ fn refusals_happen_at_submission() {
             n_ctx: 64
         })
     );
+    assert_eq!(
+        submit(&mut sched, tokens(&model, 60, 1), usize::MAX, None),
+        Err(SubmitError::ContextExceeded {
+            prompt: 60,
+            max_tokens: usize::MAX,
+            n_ctx: 64
+        })
+    );
     let n_vocab = model.config.n_vocab;
     assert_eq!(
         submit(&mut sched, vec![1, n_vocab as u32], 4, None),
