@@ -190,12 +190,20 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                                     .map(|&p| (p, 0))
                                     .chain(n_gen.iter().map(|&n| (0, n)))
                                     .chain(pg.iter().copied());
-                                for (p, n) in tests.filter(|&(p, n)| p + n > 0) {
-                                    instances.push(Instance {
-                                        n_prompt: p,
-                                        n_gen: n,
-                                        ..base.clone()
-                                    });
+                                for (p, n) in tests {
+                                    if nd.checked_add(p).and_then(|c| c.checked_add(n)).is_none() {
+                                        bail!(
+                                            "depth {nd} + prompt {p} + generation {n} tokens \
+                                             is more than a context can hold"
+                                        );
+                                    }
+                                    if p + n > 0 {
+                                        instances.push(Instance {
+                                            n_prompt: p,
+                                            n_gen: n,
+                                            ..base.clone()
+                                        });
+                                    }
                                 }
                             }
                         }
@@ -257,7 +265,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 test_gen(&mut session, model, 1)?;
             }
         }
-        let mut samples_ns = Vec::with_capacity(args.repetitions);
+        let mut samples_ns = Vec::new();
         for rep in 1..=args.repetitions {
             session.clear(0)?;
             if inst.n_depth > 0 {
@@ -396,11 +404,17 @@ fn parse_range(s: &str, allow_negative: bool) -> Result<Vec<i64>> {
         let mut i = first;
         while i <= last {
             out.push(i);
-            let next = if mult { i * step } else { i + step };
-            if next <= i {
-                bail!("the range {item} does not increase");
+            let next = if mult {
+                i.checked_mul(step)
+            } else {
+                i.checked_add(step)
+            };
+            match next {
+                Some(next) if next > i => i = next,
+                // Past the largest number: every value up to `last` is in.
+                None if i > 0 => break,
+                _ => bail!("the range {item} does not increase"),
             }
-            i = next;
         }
     }
     Ok(out)
@@ -831,6 +845,21 @@ mod tests {
         assert!(parse_range("1-4*1", false).is_err());
         assert!(parse_range("a", false).is_err());
         assert!(parse_range("1,", false).is_err());
+    }
+
+    #[test]
+    fn ranges_end_at_the_largest_number() {
+        let max = i64::MAX;
+        assert_eq!(
+            parse_range(&format!("{}-{max}", max - 1), false).unwrap(),
+            [max - 1, max]
+        );
+        assert_eq!(
+            parse_range(&format!("{}-{max}+2", max - 1), false).unwrap(),
+            [max - 1]
+        );
+        let doubling = parse_range(&format!("1-{max}*2"), false).unwrap();
+        assert_eq!((doubling.len(), doubling.last()), (63, Some(&(1 << 62))));
     }
 
     #[test]

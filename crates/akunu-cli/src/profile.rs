@@ -6,12 +6,16 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use akunu_core::session::Logits;
-use anyhow::Result;
+use anyhow::{bail, Result};
 
 use crate::engine::{self, EngineArgs};
 
 pub fn run(path: &Path, n_prompt: usize, n_gen: usize, args: &EngineArgs) -> Result<()> {
     let mut loaded = engine::load(path, args, 1)?;
+    let n_ctx = loaded.session.n_ctx();
+    if n_prompt.checked_add(n_gen).is_none_or(|n| n > n_ctx) {
+        bail!("-p {n_prompt} and -n {n_gen} tokens together must fit the context of {n_ctx} (-c)");
+    }
     let n_vocab = loaded.model.config.n_vocab;
     let labels = loaded.session.backend().op_labels();
     let tokens = engine::synthetic_tokens(&loaded.model, n_prompt + n_gen);

@@ -58,6 +58,9 @@ pub struct ServeArgs {
     sampling: SamplingArgs,
 }
 
+/// Longest `--timeout` and `--shutdown-grace`: a year.
+const MAX_SECONDS: u64 = 365 * 24 * 3600;
+
 #[derive(Clone, Copy, ValueEnum)]
 enum LogFormat {
     Text,
@@ -75,8 +78,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
             args.n_predict
         );
     }
-    if !(args.shutdown_grace.is_finite() && args.shutdown_grace >= 0.0) {
-        bail!("--shutdown-grace must be a number of seconds");
+    if args.timeout > MAX_SECONDS {
+        bail!("--timeout must be at most {MAX_SECONDS} seconds (a year)");
+    }
+    if !(0.0..=MAX_SECONDS as f64).contains(&args.shutdown_grace) {
+        bail!("--shutdown-grace must be a number of seconds from 0 to {MAX_SECONDS} (a year)");
     }
     let path = args.model.resolve()?;
     let config = ServerConfig {

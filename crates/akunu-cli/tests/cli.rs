@@ -98,6 +98,49 @@ fn bad_input_gives_a_clear_error() {
 }
 
 #[test]
+fn out_of_range_numbers_give_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = small_model(dir.path());
+    let cases: [(&[&str], &str); 3] = [
+        (&["serve", "--shutdown-grace", "1e20"], "--shutdown-grace"),
+        (&["serve", "--timeout", "18446744073709551615"], "--timeout"),
+        (
+            &["bench", "--pg", "18446744073709551615,1"],
+            "more than a context can hold",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = akunu(&[args, &[model.as_str()]].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(
+            err.starts_with("error: ") && err.contains(needle),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn profile_refuses_more_tokens_than_the_context() {
+    let Some(dir) = akunu_testutil::refdata("engine") else {
+        return;
+    };
+    let model = dir.join("tiny").join("llama.gguf");
+    let model = model.to_str().unwrap();
+    for (p, n) in [("18446744073709551615", "1"), ("60", "5")] {
+        let out = akunu(&[
+            "profile", model, "--device", "cpu", "-c", "64", "-p", p, "-n", n,
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "-p {p} -n {n} succeeded");
+        assert!(
+            err.starts_with("error: ") && err.contains("must fit the context of 64"),
+            "-p {p} -n {n}: {err}"
+        );
+    }
+}
+
+#[test]
 fn inspect_the_default_model() {
     let Some(model) = akunu_testutil::model() else {
         return;
