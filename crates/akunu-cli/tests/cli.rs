@@ -141,6 +141,30 @@ fn profile_refuses_more_tokens_than_the_context() {
 }
 
 #[test]
+fn a_context_too_large_to_allocate_gives_a_clear_error() {
+    let Some(dir) = akunu_testutil::refdata("engine") else {
+        return;
+    };
+    let model = dir.join("tiny").join("llama.gguf");
+    let out = akunu(&[
+        "complete",
+        model.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "-c",
+        "1000000000000",
+        "-p",
+        "a",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.starts_with("error: ") && err.contains("more than can be allocated"),
+        "{err}"
+    );
+}
+
+#[test]
 fn inspect_the_default_model() {
     let Some(model) = akunu_testutil::model() else {
         return;
