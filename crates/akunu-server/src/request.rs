@@ -76,7 +76,15 @@ pub fn parse(
         None => false,
         Some(Value::Object(o)) => {
             let mut g = Fields::new(o);
-            let v = g.bool("include_usage")?.unwrap_or(false);
+            let v = g
+                .bool("include_usage")
+                .map_err(|_| {
+                    ApiError::param(
+                        "stream_options.include_usage",
+                        "`stream_options.include_usage` must be a boolean",
+                    )
+                })?
+                .unwrap_or(false);
             g.finish("stream_options.", &[])?;
             v
         }
@@ -462,6 +470,10 @@ mod tests {
             (
                 json!({"stream_options": {"include_usage": true, "x": 1}}),
                 "stream_options.x",
+            ),
+            (
+                json!({"stream_options": {"include_usage": 1}}),
+                "stream_options.include_usage",
             ),
             (json!({"top_logprobs": 2}), "top_logprobs"),
             (
