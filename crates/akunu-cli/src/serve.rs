@@ -78,8 +78,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
             args.n_predict
         );
     }
-    if args.timeout > MAX_SECONDS {
-        bail!("--timeout must be at most {MAX_SECONDS} seconds (a year)");
+    if !(1..=MAX_SECONDS).contains(&args.timeout) {
+        bail!("--timeout must be from 1 to {MAX_SECONDS} seconds (a year)");
     }
     if !(0.0..=MAX_SECONDS as f64).contains(&args.shutdown_grace) {
         bail!("--shutdown-grace must be a number of seconds from 0 to {MAX_SECONDS} (a year)");
