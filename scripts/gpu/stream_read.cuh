@@ -1,5 +1,5 @@
-// Shared by the standalone read measurements (read_floor.cu, carveout.cu): the error check and
-// a streaming read of every 16-byte word once.
+// Shared by the standalone measurements (read_floor.cu, carveout.cu; fused_front.cu for the
+// error check): the error check and a streaming read of every 16-byte word once.
 #pragma once
 #include <cstdio>
 #include <cstdlib>
