@@ -20,6 +20,7 @@
 #   cell the rounds' median and each ratio the median of the rounds' ratios)
 #   GPU_AB_SHAPES=decode (stage ab: the decode rows instead, read flush, us; stage timeline:
 #   only these rows' timelines, of the built kernels and of each GPU_AB variant)
+#   GPU_AB_FLUSH=write (stage ab with decode rows: flash-bench's write flush instead)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -270,7 +271,7 @@ if [[ $stages == *ab* ]]; then
   # a drift of the clocks reaches every variant alike.
   wait
   ab_shapes=${GPU_AB_SHAPES:-prefill}
-  [ "$ab_shapes" = decode ] && ab_args=(--flush read --iters 100) ab_key=us || ab_args=(--iters 10) ab_key=tflops
+  [ "$ab_shapes" = decode ] && ab_args=(--flush "${GPU_AB_FLUSH:-read}" --iters 100) ab_key=us || ab_args=(--iters 10) ab_key=tflops
   ab_row() {  # name, then the environment for flash-bench
     local name=$1; shift
     local cells
