@@ -342,10 +342,15 @@ __device__ __forceinline__ void load_q(const FlashParams& p, u32 base, const int
 // KEYS rows of CH 16-byte chunks from `src` (row stride `stride` elements) into a swizzled tile
 // at dst, by THREADS threads. Where CH divides THREADS, thread tid always moves chunk tid % CH of
 // rows tid / CH + j * THREADS / CH, so each copy costs an add and the swizzle. Rows at or past
-// `avail` read as zeros (they are masked, or belong to no query).
-template <int THREADS, int KEYS, int CH, u32 ROW, bool WG = false>
+// `avail` read as zeros (they are masked, or belong to no query). ONCE: rows read once in the
+// launch (decode's keys), marked evict-first in L2.
+template <int THREADS, int KEYS, int CH, u32 ROW, bool WG = false, bool ONCE = false>
 __device__ __forceinline__ void load_rows(u32 dst, const u16* src, long long stride, u32 avail, int tid) {
     constexpr int RPP = THREADS / CH;  // rows per pass
+    const auto copy = [](u32 to, const u16* from, int bytes) {
+        if constexpr (ONCE) cp_async16(to, from, bytes, l2_evict_first());
+        else cp_async16(to, from, bytes);
+    };
     if constexpr (THREADS % CH == 0 && KEYS % RPP == 0) {
         const int r0 = tid / CH, c = tid % CH;
         const u16* s = src + r0 * stride + c * 8;
@@ -356,23 +361,24 @@ __device__ __forceinline__ void load_rows(u32 dst, const u16* src, long long str
         for (int j = 0; j < KEYS / RPP; ++j) {
             const int r = r0 + j * RPP;
             const bool ok = (u32)r < avail;
-            cp_async16(dst + tile_at<WG, ROW, KEYS>(r, c), ok ? s + j * RPP * stride : src, ok ? 16 : 0);
+            copy(dst + tile_at<WG, ROW, KEYS>(r, c), ok ? s + j * RPP * stride : src, ok ? 16 : 0);
         }
     } else {
         for (int i = tid; i < KEYS * CH; i += THREADS) {
             const int r = i / CH, c = i % CH;
             const bool ok = (u32)r < avail;
-            cp_async16(dst + tile_at<WG, ROW, KEYS>(r, c), ok ? src + r * stride + c * 8 : src, ok ? 16 : 0);
+            copy(dst + tile_at<WG, ROW, KEYS>(r, c), ok ? src + r * stride + c * 8 : src, ok ? 16 : 0);
         }
     }
 }
 
-// KEYS keys of K and V from key k0 (before `end`) into the tiles at ks and vs.
-template <int THREADS, int KEYS>
+// KEYS keys of K and V from key k0 (before `end`) into the tiles at ks and vs (ONCE: see
+// load_rows).
+template <int THREADS, int KEYS, bool ONCE = false>
 __device__ __forceinline__ void load_kv(const u16* kg, const u16* vg, const FlashParams& p, u32 ks,
                                         u32 vs, u32 k0, u32 end, int tid) {
-    load_rows<THREADS, KEYS, D / 8, KROW>(ks, kg + k0 * p.k_pos, p.k_pos, end - k0, tid);
-    load_rows<THREADS, KEYS, DV / 8, VROW>(vs, vg + k0 * p.v_pos, p.v_pos, end - k0, tid);
+    load_rows<THREADS, KEYS, D / 8, KROW, false, ONCE>(ks, kg + k0 * p.k_pos, p.k_pos, end - k0, tid);
+    load_rows<THREADS, KEYS, DV / 8, VROW, false, ONCE>(vs, vg + k0 * p.v_pos, p.v_pos, end - k0, tid);
 }
 
 // A warp's 16 query rows as mma A fragments: in registers (REGS), or read from the shared tile
@@ -1555,9 +1561,10 @@ struct DecodeRing {
     __device__ __forceinline__ u32 v(int stage) const { return k(stage) + K_BYTES; }
 
     // Fills `stage` with keys k0.. (rows at or past `end` or `stored` read as zeros) and closes
-    // the group; `k0` past the warp's keys closes an empty group, which keeps the count.
+    // the group; `k0` past the warp's keys closes an empty group, which keeps the count. Each
+    // key is read once in the launch, so its lines are marked evict-first in L2.
     __device__ __forceinline__ void fill(const FlashParams& p, int stage, u32 k0, int lane) const {
-        if (k0 < end) load_kv<32, DEC_KEYS>(kg, vg, p, k(stage), v(stage), k0, max(k0, min(end, stored)), lane);
+        if (k0 < end) load_kv<32, DEC_KEYS, true>(kg, vg, p, k(stage), v(stage), k0, max(k0, min(end, stored)), lane);
         cp_async_commit();
     }
 

@@ -27,6 +27,19 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void* src, int bytes) 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
                  : "memory");
 }
+// An L2 policy marking lines evict-first: data read once, which should not push out the lines
+// other launches will read (nor, after a write, make L2 write back its dirty lines for room).
+__device__ __forceinline__ u64 l2_evict_first() {
+    u64 policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    return policy;
+}
+// cp_async16 under an L2 policy (l2_evict_first).
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, int bytes, u64 policy) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
+                 "r"(bytes), "l"(policy)
+                 : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 // Waits until at most N of this thread's committed groups are still in flight.
