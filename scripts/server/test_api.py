@@ -1136,6 +1136,7 @@ def test_model_load_unload(server_factory):
                  param="model")
     assert_error(post(srv, "/v1/models/load", {"id": "y"}), 400, param="model")
     assert_error(post(srv, "/v1/models/load", {"model": 5}), 400, param="model")
+    assert_error(post(srv, "/v1/models/load", {"model": path, "id": ""}), 400, param="id")
 
     r = post(srv, "/v1/models/load", {"model": path, "id": "x"})
     assert r.status_code == 200, r.text
