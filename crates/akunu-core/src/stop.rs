@@ -9,9 +9,10 @@
 //!    and the rest is emitted: no emitted byte can belong to a later match, and nothing is held
 //!    longer than it can be part of one.
 //!
-//! Pending text is shorter than the longest stop string plus the newest piece, so a push costs
-//! O((piece + longest stop) × total stop length). Cuts fall only on match starts, which are
-//! character boundaries, so a multi-byte character is never split.
+//! Pending text is shorter than the longest stop string plus the newest piece, and only the stop
+//! strings that fit in it are searched for, so a push costs O(pending × total length of those)
+//! however long the others are. Cuts fall only on match starts, which are character boundaries,
+//! so a multi-byte character is never split.
 
 /// What one [`StopMatcher::push`] lets through.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -65,10 +66,15 @@ impl StopMatcher {
         }
         self.pending.push_str(piece);
 
+        // A stop longer than the pending text cannot occur in it. Skipping it before `find`
+        // keeps long stops from costing every push their length (a searcher prepares its whole
+        // needle: 16 stops of 4 MB took 186 ms a token).
+        let pending = &self.pending;
         let earliest = self
             .stops
             .iter()
-            .filter_map(|(index, stop)| self.pending.find(stop.as_str()).map(|at| (at, *index)))
+            .filter(|(_, stop)| stop.len() <= pending.len())
+            .filter_map(|(index, stop)| pending.find(stop.as_str()).map(|at| (at, *index)))
             .min();
         if let Some((at, index)) = earliest {
             self.pending.truncate(at);

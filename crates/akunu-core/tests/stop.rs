@@ -252,3 +252,13 @@ fn empty_and_missing_stops() {
     let mut only_empty = StopMatcher::new(&strings(&[""]));
     assert_eq!(only_empty.push("abc").text, "abc");
 }
+
+#[test]
+fn a_stop_as_long_as_everything_held_matches_on_its_last_piece() {
+    // The matcher searches only for stops that fit the pending text, so the stop is first
+    // looked for when the held text reaches its full length, and must be found then.
+    let stop = "ab".repeat(500);
+    let stops = vec![stop, "x".repeat(1 << 20), "END".to_string()];
+    check(&stops, &vec!["ab".to_string(); 501]);
+    check(&stops, &["q", "ab", "E", "N", "Dab"].map(String::from));
+}
