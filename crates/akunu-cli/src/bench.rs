@@ -198,6 +198,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                                         );
                                     }
                                     if p + n > 0 {
+                                        if instances.len() == MAX_LIST {
+                                            bail!("these lists make more than {MAX_LIST} tests");
+                                        }
                                         instances.push(Instance {
                                             n_prompt: p,
                                             n_gen: n,
@@ -377,6 +380,10 @@ fn list(values: &[String], flag: &str, allow_negative: bool, default: i64) -> Re
     Ok(out)
 }
 
+/// Most values one list may give, and most tests all the lists may make together: far past any
+/// real benchmark, where a range like `1-1000000000000` would otherwise fill memory.
+const MAX_LIST: usize = 10_000;
+
 /// llama-bench's value lists: comma-separated items, each `first`, `first-last`,
 /// `first-last+step` or `first-last*factor`.
 fn parse_range(s: &str, allow_negative: bool) -> Result<Vec<i64>> {
@@ -403,6 +410,9 @@ fn parse_range(s: &str, allow_negative: bool) -> Result<Vec<i64>> {
         };
         let mut i = first;
         while i <= last {
+            if out.len() == MAX_LIST {
+                bail!("{s} lists more than {MAX_LIST} values");
+            }
             out.push(i);
             let next = if mult {
                 i.checked_mul(step)
@@ -845,6 +855,15 @@ mod tests {
         assert!(parse_range("1-4*1", false).is_err());
         assert!(parse_range("a", false).is_err());
         assert!(parse_range("1,", false).is_err());
+    }
+
+    #[test]
+    fn a_list_of_more_than_max_list_values_is_refused() {
+        assert_eq!(parse_range("1-10000", false).unwrap().len(), MAX_LIST);
+        for s in ["1-10001", "1-1000000000000", "0,1-10000"] {
+            let e = parse_range(s, false).unwrap_err().to_string();
+            assert!(e.contains("more than 10000 values"), "{s}: {e}");
+        }
     }
 
     #[test]

@@ -101,10 +101,14 @@ fn bad_input_gives_a_clear_error() {
 fn out_of_range_numbers_give_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let model = small_model(dir.path());
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (&["serve", "--shutdown-grace", "1e20"], "--shutdown-grace"),
         (&["serve", "--timeout", "18446744073709551615"], "--timeout"),
         (&["serve", "--timeout", "0"], "--timeout"),
+        (
+            &["bench", "-p", "1-200", "-d", "0-100"],
+            "more than 10000 tests",
+        ),
         (
             &["bench", "--pg", "18446744073709551615,1"],
             "more than a context can hold",
