@@ -3,10 +3,11 @@
 //! Plan: at creation, lower every op once (norm weights and biases converted to f32, weight
 //! views resolved to byte ranges of the map, RoPE tables copied) and allocate the scratch rows
 //! for the largest batch and the f16 KV cache of every slot (zeroed pages, so memory is only
-//! touched as positions fill; a size the allocator refuses is an error, not an abort). A pass then walks the lowered ops in order. Matrix products
-//! quantize their input rows once per buffer (reused by q/k/v and gate/up, which read the same
-//! rows) and split output rows over the pool; row-wise ops run in parallel when the batch is
-//! large enough to pay for it; attention runs one (token, head) pair per task.
+//! touched as positions fill; a size the allocator refuses is an error, not an abort). A pass
+//! then walks the lowered ops in order. Matrix products quantize their input rows once per
+//! buffer (reused by q/k/v and gate/up, which read the same rows) and split output rows over
+//! the pool; row-wise ops run in parallel when the batch is large enough to pay for it;
+//! attention runs one (token, head) pair per task.
 //!
 //! A token's arithmetic does not depend on what else is in the pass: products are batch
 //! invariant (see [`crate::quant`]), row-wise ops work on each row alone, and attention reads
@@ -22,41 +23,6 @@ use rayon::prelude::*;
 
 use crate::ops;
 use crate::quant::{self, Activations, WeightMatrix};
-
-/// Values whose all-zero bytes are a valid value.
-///
-/// # Safety
-/// Implement only for such types.
-unsafe trait Zeroable: Copy {}
-// SAFETY: every bit pattern is a u16 and zero bits are 0.0.
-unsafe impl Zeroable for u16 {}
-// SAFETY: as above, 0.0.
-unsafe impl Zeroable for f32 {}
-
-/// `n` zeroed values, or an error naming `what` where the allocator cannot give them (an absurd
-/// context, batch or slot count), not the abort of `vec![0; n]`. Like `vec!` it asks for zeroed
-/// memory, so pages are touched only as they are written.
-fn zeroed<T: Zeroable>(n: usize, what: impl Fn() -> String) -> Result<Vec<T>, EngineError> {
-    let fail = || {
-        let gb = n as f64 * std::mem::size_of::<T>() as f64 / 1e9;
-        EngineError::Backend(format!(
-            "{} needs {gb:.1} GB, more than can be allocated",
-            what()
-        ))
-    };
-    let layout = std::alloc::Layout::array::<T>(n).map_err(|_| fail())?;
-    if layout.size() == 0 {
-        return Ok(Vec::new());
-    }
-    // SAFETY: the layout's size is not zero.
-    let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
-    if p.is_null() {
-        return Err(fail());
-    }
-    // SAFETY: `p` comes from the global allocator with the layout of `n` values of T, and all
-    // of them are initialised: zero bytes are a valid T (Zeroable).
-    Ok(unsafe { Vec::from_raw_parts(p, n, n) })
-}
 
 /// How the backend is sized.
 #[derive(Clone, Debug)]
@@ -249,36 +215,57 @@ impl CpuBackend {
             labels.push(label.clone());
         }
         let widths: Vec<usize> = Buf::ALL.iter().map(|b| b.width(c)).collect();
+        // An absurd batch, context or slot count is an error, not the abort of `vec![0; n]`;
+        // the pages are still asked for zeroed, so they are touched only as written.
+        let too_big = |what: String, floats: f64, bytes: f64| {
+            EngineError::Backend(format!(
+                "{what} needs {:.1} GB, more than can be allocated",
+                floats * bytes / 1e9
+            ))
+        };
+        let scratch_err = || {
+            let floats = widths.iter().sum::<usize>() as f64 * opts.max_batch as f64;
+            too_big(
+                format!("scratch for a batch of {}", opts.max_batch),
+                floats,
+                4.0,
+            )
+        };
         let bufs = widths
             .iter()
             .map(|w| {
-                let n = w.checked_mul(opts.max_batch).ok_or_else(|| {
-                    EngineError::Backend(format!("a batch of {} rows overflows", opts.max_batch))
-                })?;
-                zeroed(n, || {
-                    format!("scratch rows for a batch of {}", opts.max_batch)
-                })
+                w.checked_mul(opts.max_batch)
+                    .and_then(|n| bytemuck::allocation::try_zeroed_vec::<f32>(n).ok())
+                    .ok_or_else(scratch_err)
             })
             .collect::<Result<_, _>>()?;
+        let per_layer = opts.n_slots as f64
+            * c.n_head_kv as f64
+            * opts.n_ctx as f64
+            * (c.head_dim + c.head_dim_v) as f64;
+        let cache_err = || {
+            let slots = if opts.n_slots > 1 {
+                format!(" × {} slots", opts.n_slots)
+            } else {
+                String::new()
+            };
+            let what = format!("the KV cache ({} positions{slots})", opts.n_ctx);
+            too_big(what, per_layer * c.n_layer as f64, 2.0)
+        };
         let kv_len = |dim: usize| {
             opts.n_slots
                 .checked_mul(c.n_head_kv)
                 .and_then(|n| n.checked_mul(opts.n_ctx))
                 .and_then(|n| n.checked_mul(dim))
-                .ok_or_else(|| EngineError::Backend("KV cache size overflows".into()))
+                .ok_or_else(cache_err)
         };
         let (k_len, v_len) = (kv_len(c.head_dim)?, kv_len(c.head_dim_v)?);
-        let cache = || {
-            format!(
-                "the KV cache ({} positions × {} slots)",
-                opts.n_ctx, opts.n_slots
-            )
-        };
+        let zeroed = |n| bytemuck::allocation::try_zeroed_vec::<u16>(n).map_err(|()| cache_err());
         let kv = (0..c.n_layer)
             .map(|_| {
                 Ok(LayerKv {
-                    k: zeroed(k_len, cache)?,
-                    v: zeroed(v_len, cache)?,
+                    k: zeroed(k_len)?,
+                    v: zeroed(v_len)?,
                 })
             })
             .collect::<Result<_, EngineError>>()?;
