@@ -194,7 +194,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                                     if nd.checked_add(p).and_then(|c| c.checked_add(n)).is_none() {
                                         bail!(
                                             "depth {nd} + prompt {p} + generation {n} tokens \
-                                             is more than a context can hold"
+                                             overflows a token count"
                                         );
                                     }
                                     if p + n > 0 {

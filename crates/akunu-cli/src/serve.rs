@@ -79,10 +79,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
         );
     }
     if !(1..=MAX_SECONDS).contains(&args.timeout) {
-        bail!("--timeout must be from 1 to {MAX_SECONDS} seconds (a year)");
+        bail!(
+            "--timeout must be from 1 to {MAX_SECONDS} seconds (a year), not {}",
+            args.timeout
+        );
     }
     if !(0.0..=MAX_SECONDS as f64).contains(&args.shutdown_grace) {
-        bail!("--shutdown-grace must be a number of seconds from 0 to {MAX_SECONDS} (a year)");
+        bail!(
+            "--shutdown-grace must be from 0 to {MAX_SECONDS} seconds (a year), not {}",
+            args.shutdown_grace
+        );
     }
     let path = args.model.resolve()?;
     let config = ServerConfig {

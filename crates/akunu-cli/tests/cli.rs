@@ -111,7 +111,7 @@ fn out_of_range_numbers_give_a_clear_error() {
         ),
         (
             &["bench", "--pg", "18446744073709551615,1"],
-            "more than a context can hold",
+            "overflows a token count",
         ),
     ];
     for (args, needle) in cases {
@@ -123,6 +123,16 @@ fn out_of_range_numbers_give_a_clear_error() {
             "{args:?}: {err}"
         );
     }
+}
+
+#[test]
+fn serve_refuses_an_empty_alias() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = small_model(dir.path());
+    let out = akunu(&["serve", "-a", "", model.as_str()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("id must not be empty"), "{err}");
 }
 
 #[test]

@@ -88,6 +88,11 @@ impl Registry {
     /// Loads `path` under `id` (default: the file stem). Blocking: call off the async workers.
     pub fn load(&self, path: &Path, id: Option<String>) -> Result<Arc<LoadedModel>, ApiError> {
         let id = id.unwrap_or_else(|| default_id(path));
+        if id.is_empty() {
+            // A request naming no model means the first one, so this id could never be asked
+            // for (given as "", or the default of a file named `.gguf`).
+            return Err(ApiError::param("id", "a model's id must not be empty"));
+        }
         if self.list().iter().any(|m| m.id == id) {
             return Err(ApiError::conflict(format!(
                 "a model with id `{id}` is already loaded"

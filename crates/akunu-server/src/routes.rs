@@ -232,10 +232,6 @@ async fn load(State(st): St, body: Body) -> Result<Json<Value>, ApiError> {
     let path = string_field(body, "model")?
         .ok_or_else(|| ApiError::param("model", "`model` (a path on the server) is missing"))?;
     let id = string_field(body, "id")?.map(str::to_string);
-    if id.as_deref() == Some("") {
-        // A request naming no model means the first one, so this id could never be asked for.
-        return Err(ApiError::param("id", "`id` must not be empty"));
-    }
     let path = std::path::PathBuf::from(path);
     let worker = st.clone();
     let loaded = tokio::task::spawn_blocking(move || worker.registry.load(&path, id))
