@@ -2,10 +2,10 @@
 // `flash-bench` reads (GQA 32/8, head size 128, f16 K and V: 4K, 32K and 128K keys), timed as
 // flash-bench times decode (a flush before each run, one launch between two events, median of
 // 20), beside an empty launch, and the same reads as eight launches over eight buffers between
-// one pair of events (launch latency then overlaps the previous launch). Both of flash-bench's
-// flushes: a read flush leaves L2 clean; a write flush (twice the L2's size copied, as
-// BENCHMARKS.md's method) leaves it dirty, so the timed read also waits for those lines'
-// write-back.
+// one pair of events (launch latency then overlaps the previous launch). Two flushes: a
+// streaming read of twice the L2's size, which leaves L2 clean, and flash-bench's write flush
+// (twice the L2's size copied, BENCHMARKS.md's method), which leaves it dirty, so the timed read
+// also waits for those lines' write-back.
 // Standalone, for the GPU machine:
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/read_floor \
 //     scripts/gpu/read_floor.cu && /tmp/read_floor
