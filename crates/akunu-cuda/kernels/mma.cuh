@@ -28,7 +28,8 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void* src, int bytes) 
                  : "memory");
 }
 // An L2 policy marking lines evict-first: data read once, which should not push out the lines
-// other launches will read (nor, after a write, make L2 write back its dirty lines for room).
+// other launches will read (nor, once some are resident, the dirty lines L2 would have to write
+// back for room).
 __device__ __forceinline__ u64 l2_evict_first() {
     u64 policy;
     asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
