@@ -239,11 +239,11 @@ impl CpuBackend {
                     .ok_or_else(scratch_err)
             })
             .collect::<Result<_, _>>()?;
-        let per_layer = opts.n_slots as f64
-            * c.n_head_kv as f64
-            * opts.n_ctx as f64
-            * (c.head_dim + c.head_dim_v) as f64;
         let cache_err = || {
+            let per_layer = opts.n_slots as f64
+                * c.n_head_kv as f64
+                * opts.n_ctx as f64
+                * (c.head_dim + c.head_dim_v) as f64;
             let slots = if opts.n_slots > 1 {
                 format!(" × {} slots", opts.n_slots)
             } else {
