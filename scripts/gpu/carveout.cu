@@ -19,11 +19,8 @@ template <int TAG>
 __global__ void empty() {}
 
 int main() {
-    int sms = 0, l2 = 0;
-    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
-    cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
+    const cudaDeviceProp prop = device_props();
+    const int sms = prop.multiProcessorCount, l2 = prop.l2CacheSize;
     // Tags keep each role's attributes apart: 0 flush, 1 flush preferring shared memory,
     // 2 flush with 129 KB, 3 timed read, 4 timed read with 129 KB.
     CK(cudaFuncSetAttribute(stream_read<1>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));

@@ -447,8 +447,7 @@ void run(const char* name, bool alone, cudaStream_t stream) {
 int main() {
     cudaStream_t stream;
     CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
+    const cudaDeviceProp prop = device_props();
     printf("%s, %d SMs\n", prop.name, prop.multiProcessorCount);
     run<2048, 64, 4, 16>("llama3.2-1b", false, stream);
     run<2048, 64, 4, 8>("llama3.2-1b", false, stream);

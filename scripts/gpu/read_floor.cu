@@ -16,11 +16,8 @@
 __global__ void empty() {}
 
 int main() {
-    int sms = 0, l2 = 0;
-    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
-    cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
+    const cudaDeviceProp prop = device_props();
+    const int sms = prop.multiProcessorCount, l2 = prop.l2CacheSize;
     const size_t rows[3] = {4096, 32768, 131072};
     const size_t max_bytes = rows[2] * 8 * 128 * 2 * 2;
     const int copies = 8;

@@ -1,5 +1,6 @@
 // Shared by the standalone measurements (read_floor.cu, carveout.cu; fused_front.cu for the
-// error check): the error check and a streaming read of every 16-byte word once.
+// first two): the error check, the device's properties and a streaming read of every 16-byte
+// word once.
 #pragma once
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +14,13 @@ static void check(cudaError_t e, const char* call) {
     }
 }
 #define CK(x) check((x), #x)
+
+// Device 0's properties (its SM count, L2 size and name).
+static cudaDeviceProp device_props() {
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    return prop;
+}
 
 constexpr int THREADS = 512, IN_FLIGHT = 8;
 
