@@ -4,8 +4,9 @@
 # `akunu bench` beside llama.cpp on identical synthetic models, and our attention kernels beside
 # PyTorch's (flash_bench.py). Logs go to $OUT; the last lines printed are the summary table.
 #   GPU_STAGES="tests sanitize e2e profile chains batch bench sweep flash timeline ab agree sample gemv gemm ncu ncu-gemm ncu-decode" (default: tests sanitize e2e profile bench flash)   GPU_MODELS="qwen3-0.6b:q4_0 ..."
-#   GPU_SWEEP="GEMV_WAVES=2 GEMV_NORM=4,GEMV_NORM_ALONE=0" (stage sweep: chip config settings,
-#   one per word, NAME=VALUE pairs joined by commas, each timed against the defaults)
+#   GPU_SWEEP="GEMV_WAVES=2 GEMV_NORM=4,GEMV_NORM_ALONE=0 kernels=base" (stage sweep: chip
+#   config settings, one per word, NAME=VALUE pairs joined by commas, each timed against the
+#   defaults; kernels=NAME: the kernel sources of .gpu/kNAME, see GPU_AB)
 #   GPU_SWEEP_ROUNDS=2 GPU_SWEEP_ARGS="-p 0 -n 128 -r 3" (the `akunu bench` arguments)
 #   GPU_SWEEP_MODELS="qwen3-0.6b:q4_0" (default: GPU_MODELS' list)
 #   GPU_BATCH_SLOTS="1,4,8,16" (stage batch: sequences decoding together)
@@ -35,8 +36,14 @@ summary=$OUT/summary.txt; : > "$summary"
 row() { echo "$*" | tee -a "$summary"; }
 # a / b to two decimals, "?" when either is missing.
 ratio() { python3 -c "import sys; a,b=sys.argv[1:]; print(f'{float(a)/float(b):.2f}')" "$1" "$2" 2>/dev/null || echo "?"; }
-# Chip config settings (NAME=VALUE pairs joined by commas) as the environment array `envs`.
-chip_envs() { envs=(); for kv in ${1//,/ }; do envs+=("AKUNU_CHIP_$kv"); done; }
+# Chip config settings (NAME=VALUE pairs joined by commas) as the environment array `envs`;
+# `kernels=NAME` runs the kernel sources in .gpu/kNAME (build.sh's GPU_KERNEL_REVS).
+chip_envs() {
+  envs=()
+  for kv in ${1//,/ }; do
+    case $kv in kernels=*) envs+=("AKUNU_KERNEL_DIR=$G/k${kv#kernels=}");; *) envs+=("AKUNU_CHIP_$kv");; esac
+  done
+}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 gpu=$(head -1 "$OUT/gpu.txt" | cut -d, -f1)
 
@@ -225,7 +232,7 @@ if [[ $stages == *sweep* ]]; then
       for setting in defaults ${GPU_SWEEP:-}; do
         chip_envs "${setting#defaults}"
         t=$(env "${envs[@]}" "$B/akunu" bench -m "$m" $sweep_args --device cuda -o md 2>> "$LOGS/sweep.err" \
-          | grep -E '\| *(tg|pp)[0-9]+ *\|' | tail -1 | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
+          | grep -E '\| *(tg|pp)[0-9]+( @ d[0-9]+)? *\|' | tail -1 | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
         got[$setting]="${got[$setting]:+${got[$setting]} / }${t:-?}"
       done
     done
