@@ -1562,8 +1562,9 @@ struct DecodeRing {
 
     // Fills `stage` with keys k0.. (rows at or past `end` or `stored` read as zeros) and closes
     // the group; `k0` past the warp's keys closes an empty group, which keeps the count. The
-    // lines are marked evict-first in L2: in a decode step each key is read once (where tokens
-    // of a pass share a sequence, their blocks read the same keys, and L2 may drop them first).
+    // lines are marked evict-first in L2: in a decode step each key is read once. Where tokens
+    // of a pass share a sequence their blocks read the same keys, but close together: evict-first
+    // measured faster there too (docs/perf/2026-12-07-l2-policies.md).
     __device__ __forceinline__ void fill(const FlashParams& p, int stage, u32 k0, int lane) const {
         if (k0 < end) load_kv<32, DEC_KEYS, true>(kg, vg, p, k(stage), v(stage), k0, max(k0, min(end, stored)), lane);
         cp_async_commit();
