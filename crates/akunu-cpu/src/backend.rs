@@ -239,19 +239,31 @@ impl CpuBackend {
                     .ok_or_else(scratch_err)
             })
             .collect::<Result<_, _>>()?;
-        let cache_err = || {
-            let per_layer = opts.n_slots as f64
-                * c.n_head_kv as f64
-                * opts.n_ctx as f64
-                * (c.head_dim + c.head_dim_v) as f64;
+        let cache_floats = opts.n_slots as f64
+            * c.n_head_kv as f64
+            * opts.n_ctx as f64
+            * (c.head_dim + c.head_dim_v) as f64
+            * c.n_layer as f64;
+        let cache_what = || {
             let slots = if opts.n_slots > 1 {
                 format!(" × {} slots", opts.n_slots)
             } else {
                 String::new()
             };
-            let what = format!("the KV cache ({} positions{slots})", opts.n_ctx);
-            too_big(what, per_layer * c.n_layer as f64, 2.0)
+            format!("the KV cache ({} positions{slots})", opts.n_ctx)
         };
+        let cache_err = || too_big(cache_what(), cache_floats, 2.0);
+        // The zeroed pages are granted lazily, so a cache larger than the machine's memory
+        // would be allocated, and the process killed once the context filled it.
+        if let Some(memory) = physical_memory().filter(|&m| cache_floats * 2.0 > m as f64) {
+            return Err(EngineError::Backend(format!(
+                "{} needs {:.1} GB, more than this machine's {:.1} GB of memory; lower the context size{}",
+                cache_what(),
+                cache_floats * 2.0 / 1e9,
+                memory as f64 / 1e9,
+                if opts.n_slots > 1 { " or the slots" } else { "" },
+            )));
+        }
         let kv_len = |dim: usize| {
             opts.n_slots
                 .checked_mul(c.n_head_kv)
@@ -626,6 +638,25 @@ impl CpuBackend {
             items.chunks_mut(group * dv).enumerate().for_each(task);
         }
         self.bufs[Buf::Attn as usize] = out;
+    }
+}
+
+/// The machine's physical memory in bytes, where the system says.
+fn physical_memory() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        // SAFETY: sysconf only reads system constants.
+        let (pages, page) = unsafe {
+            (
+                libc::sysconf(libc::_SC_PHYS_PAGES),
+                libc::sysconf(libc::_SC_PAGESIZE),
+            )
+        };
+        (pages > 0 && page > 0).then(|| pages as u64 * page as u64)
+    }
+    #[cfg(not(unix))]
+    {
+        None
     }
 }
 
