@@ -10,7 +10,8 @@
 //! request is normalised as transformers does (null message fields dropped, reasoning aliases).
 //! Files without a template fall back to a [`BuiltinTemplate`]. [`ChatTemplate::end_of_turn_text`]
 //! renders a probe conversation to learn the text that closes an assistant turn, so decode loops
-//! never hard-code stop strings.
+//! never hard-code stop strings. A template is a program from the model file, so every render
+//! is bounded in steps (`RENDER_FUEL`) and in output (`MAX_OUTPUT`).
 
 mod builtin;
 mod clock;
@@ -41,6 +42,40 @@ const MAX_DEPTH: usize = 128;
 /// Names a message's reasoning may come under. transformers copies the first one present to
 /// `thinking` and `reasoning_content`, the two names templates read.
 const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning"];
+
+/// The most steps (minijinja instructions) one render may take. A template from a model file
+/// is a program from an unknown source: a loop that never ends would stall the load (which
+/// renders a probe conversation) or the server. Real templates take a few hundred steps a
+/// message.
+const RENDER_FUEL: u64 = 10_000_000;
+
+/// The most bytes one render may write: a template can print a long string in a loop, which
+/// steps alone do not bound. Far past any prompt a context holds.
+const MAX_OUTPUT: usize = 64 << 20;
+
+/// A render's output, refused past [`MAX_OUTPUT`] bytes.
+#[derive(Default)]
+struct BoundedOutput {
+    bytes: Vec<u8>,
+    over: bool,
+}
+
+impl std::io::Write for BoundedOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > MAX_OUTPUT {
+            self.over = true;
+            return Err(std::io::Error::other(
+                "the chat template's output is too long",
+            ));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
 
 /// Why a template could not be compiled or a conversation could not be rendered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -284,7 +319,20 @@ impl ChatTemplate {
             .env
             .get_template(NAME)
             .map_err(|e| self.render_error(&e))?;
-        template.render(context).map_err(|e| self.render_error(&e))
+        let mut out = BoundedOutput::default();
+        match template.render_captured_to(context, &mut out) {
+            Ok(_) => String::from_utf8(out.bytes).map_err(|_| ChatError::Render {
+                message: "the output is not UTF-8".into(),
+                line: None,
+                source_line: None,
+            }),
+            Err(_) if out.over => Err(ChatError::Render {
+                message: format!("its output passed {} MiB", MAX_OUTPUT >> 20),
+                line: None,
+                source_line: None,
+            }),
+            Err(e) => Err(self.render_error(&e)),
+        }
     }
 
     fn render_error(&self, err: &Error) -> ChatError {
@@ -292,8 +340,13 @@ impl ChatTemplate {
             return ChatError::Raised(raised);
         }
         let (line, source_line) = error_location(err, &self.source);
+        let message = if err.kind() == ErrorKind::OutOfFuel {
+            format!("it ran past {RENDER_FUEL} steps (a loop that does not end?)")
+        } else {
+            describe(err)
+        };
         ChatError::Render {
-            message: describe(err),
+            message,
             line,
             source_line,
         }
@@ -527,6 +580,7 @@ fn environment() -> Environment<'static> {
     // an error.
     env.set_undefined_behavior(UndefinedBehavior::Lenient);
     env.set_debug(false);
+    env.set_fuel(Some(RENDER_FUEL));
     env.set_unknown_method_callback(python_method);
     env.set_formatter(|out, _state, value| {
         let text = match value.as_str() {

@@ -384,6 +384,45 @@ fn render_errors_name_the_line() {
 }
 
 #[test]
+fn templates_that_never_finish_are_stopped() {
+    // 10^10 steps: stopped by the step budget, naming the line.
+    let err = render_vars(
+        "ok\n{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+        json!({}),
+    )
+    .unwrap_err();
+    let ChatError::Render { line, message, .. } = &err else {
+        panic!("{err:?}");
+    };
+    assert!(message.contains("steps"), "{err}");
+    assert_eq!(*line, Some(2), "{err}");
+    // Few steps, but a gigabyte of text: stopped by the output bound.
+    let err = render_vars(
+        "{% set s = 'x' * 10000 %}{% for i in range(100000) %}{{ s }}{% endfor %}",
+        json!({}),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("output passed 64 MiB"), "{err}");
+}
+
+#[test]
+fn long_conversations_fit_the_step_budget() {
+    let turns = 20_000;
+    let messages = (0..turns)
+        .map(|i| match i % 2 {
+            0 => user(&format!("question {i}")),
+            _ => assistant(&format!("answer {i}")),
+        })
+        .collect();
+    let text = gemma().render(&request(messages, true)).unwrap();
+    assert!(
+        text.contains("question 19998"),
+        "{}",
+        &text[text.len() - 200..]
+    );
+}
+
+#[test]
 fn malformed_requests_are_errors() {
     let t = ChatTemplate::builtin(BuiltinTemplate::ChatMl);
     let bad = |r: ChatRequest| match t.render(&r) {
