@@ -139,10 +139,14 @@ pub struct Loaded {
 pub fn load(path: &Path, args: &EngineArgs, n_slots: usize) -> Result<Loaded> {
     let start = Instant::now();
     let mut model = Model::load(path).with_context(|| format!("loading {}", path.display()))?;
-    let template = model.tokenizer.chat_template_for(model.arch.family.name());
+    let mut template = model.tokenizer.chat_template_for(model.arch.family.name());
     if let Ok(t) = &template {
-        // The template's end-of-turn marker ends generation too.
-        model.tokenizer.learn_end_of_turn(t)?;
+        // The template's end-of-turn marker ends generation too. A template that cannot
+        // render the probe conversation cannot render chats either: plain completion still
+        // works, and chat says why it cannot.
+        if let Err(why) = model.tokenizer.learn_end_of_turn(t) {
+            template = Err(why);
+        }
     }
     let model = Arc::new(model);
     let n_ctx = if args.ctx_size == 0 {

@@ -156,6 +156,44 @@ fn profile_refuses_more_tokens_than_the_context() {
 }
 
 #[test]
+fn a_chat_template_that_never_finishes_leaves_completion_working() {
+    let Some(dir) = akunu_testutil::refdata("engine") else {
+        return;
+    };
+    let src = akunu_formats::gguf::GgufFile::open(dir.join("tiny").join("llama.gguf")).unwrap();
+    let mut w = GgufWriter::new();
+    for (key, value) in src.metadata() {
+        if key != "tokenizer.chat_template" {
+            w.add(key, value.to_owned_value()).unwrap();
+        }
+    }
+    w.add(
+        "tokenizer.chat_template",
+        "{% for m in messages %}{{ m.content }}{% endfor %}\
+         {% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+    )
+    .unwrap();
+    for t in src.tensors() {
+        w.add_tensor(&t.name, t.ty, &t.dims, src.tensor_data(t).unwrap())
+            .unwrap();
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("looping-template.gguf");
+    w.write_file(&model).unwrap();
+    let model = model.to_str().unwrap();
+    let args = ["--device", "cpu", "-p", "a", "-n", "2"];
+    let completed = akunu(&[&["complete", model][..], &args].concat());
+    stdout(&completed);
+    let chat = akunu(&[&["run", "-m", model][..], &args].concat());
+    let err = String::from_utf8_lossy(&chat.stderr);
+    assert!(!chat.status.success());
+    assert!(
+        err.contains("no usable chat template") && err.contains("steps"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_context_larger_than_memory_gives_a_clear_error() {
     let Some(dir) = akunu_testutil::refdata("engine") else {
         return;
