@@ -3,11 +3,12 @@
 //! Plan: at creation, lower every op once (norm weights and biases converted to f32, weight
 //! views resolved to byte ranges of the map, RoPE tables copied) and allocate the scratch rows
 //! for the largest batch and the f16 KV cache of every slot (zeroed pages, so memory is only
-//! touched as positions fill; a size the allocator refuses is an error, not an abort). A pass
-//! then walks the lowered ops in order. Matrix products quantize their input rows once per
-//! buffer (reused by q/k/v and gate/up, which read the same rows) and split output rows over
-//! the pool; row-wise ops run in parallel when the batch is large enough to pay for it;
-//! attention runs one (token, head) pair per task.
+//! touched as positions fill; a size the allocator refuses, or a cache larger than the
+//! machine's memory, is an error, not an abort). A pass then walks the lowered ops in order.
+//! Matrix products quantize their input rows once per buffer (reused by q/k/v and gate/up,
+//! which read the same rows) and split output rows over the pool; row-wise ops run in parallel
+//! when the batch is large enough to pay for it; attention runs one (token, head) pair per
+//! task.
 //!
 //! A token's arithmetic does not depend on what else is in the pass: products are batch
 //! invariant (see [`crate::quant`]), row-wise ops work on each row alone, and attention reads
@@ -217,18 +218,18 @@ impl CpuBackend {
         let widths: Vec<usize> = Buf::ALL.iter().map(|b| b.width(c)).collect();
         // An absurd batch, context or slot count is an error, not the abort of `vec![0; n]`;
         // the pages are still asked for zeroed, so they are touched only as written.
-        let too_big = |what: String, floats: f64, bytes: f64| {
+        let too_big = |what: String, bytes: f64, beyond: &str| {
             EngineError::Backend(format!(
-                "{what} needs {:.1} GB, more than can be allocated",
-                floats * bytes / 1e9
+                "{what} needs {:.1} GB, more than {beyond}",
+                bytes / 1e9
             ))
         };
         let scratch_err = || {
             let floats = widths.iter().sum::<usize>() as f64 * opts.max_batch as f64;
             too_big(
                 format!("scratch for a batch of {}", opts.max_batch),
-                floats,
-                4.0,
+                floats * 4.0,
+                "can be allocated",
             )
         };
         let bufs = widths
@@ -239,7 +240,9 @@ impl CpuBackend {
                     .ok_or_else(scratch_err)
             })
             .collect::<Result<_, _>>()?;
-        let cache_floats = opts.n_slots as f64
+        // f16 keys and values of every layer.
+        let cache_bytes = 2.0
+            * opts.n_slots as f64
             * c.n_head_kv as f64
             * opts.n_ctx as f64
             * (c.head_dim + c.head_dim_v) as f64
@@ -252,17 +255,20 @@ impl CpuBackend {
             };
             format!("the KV cache ({} positions{slots})", opts.n_ctx)
         };
-        let cache_err = || too_big(cache_what(), cache_floats, 2.0);
+        let cache_err = || too_big(cache_what(), cache_bytes, "can be allocated");
         // The zeroed pages are granted lazily, so a cache larger than the machine's memory
         // would be allocated, and the process killed once the context filled it.
-        if let Some(memory) = physical_memory().filter(|&m| cache_floats * 2.0 > m as f64) {
-            return Err(EngineError::Backend(format!(
-                "{} needs {:.1} GB, more than this machine's {:.1} GB of memory; lower the context size{}",
-                cache_what(),
-                cache_floats * 2.0 / 1e9,
+        if let Some(memory) = physical_memory().filter(|&m| cache_bytes > m as f64) {
+            let beyond = format!(
+                "this machine's {:.1} GB of memory; lower the context size{}",
                 memory as f64 / 1e9,
-                if opts.n_slots > 1 { " or the slots" } else { "" },
-            )));
+                if opts.n_slots > 1 {
+                    " or the slots"
+                } else {
+                    ""
+                },
+            );
+            return Err(too_big(cache_what(), cache_bytes, &beyond));
         }
         let kv_len = |dim: usize| {
             opts.n_slots
