@@ -45,8 +45,8 @@ const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning
 
 /// The most steps (minijinja instructions) one render may take. A template from a model file
 /// is a program from an unknown source: a loop that never ends would stall the load (which
-/// renders a probe conversation) or the server. Real templates take a few hundred steps a
-/// message.
+/// renders a probe conversation) or the server. Real templates take about 50 steps a message
+/// (Qwen 3's and Gemma 3's), so this is 200,000 messages; it runs out in about 0.2 s.
 const RENDER_FUEL: u64 = 10_000_000;
 
 /// The most bytes one render may write: a template can print a long string in a loop, which
