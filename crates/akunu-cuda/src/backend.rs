@@ -196,6 +196,28 @@ pub struct CudaBackend {
     op_times: Option<Vec<f64>>,
 }
 
+/// Refuses a KV cache of `bytes` larger than the GPU's free memory (the weights already
+/// uploaded) with an error that names the cache and what to lower, where the allocation would
+/// only say how many bytes it could not get.
+fn check_kv_fits(gpu: &Gpu, opts: &CudaOptions, bytes: f64) -> Result<(), CudaError> {
+    let (free, _) = gpu.memory()?;
+    if bytes <= free as f64 {
+        return Ok(());
+    }
+    let (slots, or_slots) = if opts.n_slots > 1 {
+        (format!(" × {} slots", opts.n_slots), " or the slots")
+    } else {
+        (String::new(), "")
+    };
+    Err(CudaError::Bounds(format!(
+        "the KV cache ({} positions{slots}) needs {:.1} GB, more than the {:.1} GB the GPU has \
+         free after the weights; lower the context size{or_slots}",
+        opts.n_ctx,
+        bytes / 1e9,
+        free as f64 / 1e9
+    )))
+}
+
 /// Whether the host has the last pass's logits.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum HostLogits {
@@ -380,6 +402,7 @@ impl CudaBackend {
                 .ok_or_else(|| CudaError::Bounds("KV cache size overflows".into()))
         };
         let (kb, vb) = (kv_bytes(c.head_dim)?, kv_bytes(c.head_dim_v)?);
+        check_kv_fits(&gpu, &opts, (kb + vb) as f64 * c.n_layer as f64)?;
         let kv = (0..c.n_layer)
             .map(|_| {
                 Ok(LayerKv {

@@ -608,6 +608,43 @@ fn refusals_leave_the_backend_usable() {
     assert!(ok.iter().all(|x| x.is_finite()));
 }
 
+/// A KV cache larger than the GPU's free memory is refused by name, with the context and
+/// slots it was asked for, before any of it is allocated.
+#[test]
+fn a_kv_cache_past_the_gpus_memory_is_refused_by_name() {
+    let Some(g) = common::gpu() else { return };
+    let Some(TestModel { model, .. }) = models().into_iter().next() else {
+        return;
+    };
+    let (free, _) = g.memory().unwrap();
+    let c = &model.config;
+    let per_position = 2 * c.n_layer * c.n_head_kv * (c.head_dim + c.head_dim_v);
+    let n_ctx = (free / per_position + 1).next_multiple_of(1024);
+    let opts = CudaOptions {
+        n_ctx,
+        n_slots: 2,
+        max_batch: 64,
+    };
+    let err = match CudaBackend::new(g.clone(), model.clone(), opts) {
+        Ok(_) => panic!("a KV cache of {n_ctx} positions × 2 slots fit {free} free bytes"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains(&format!("the KV cache ({n_ctx} positions × 2 slots) needs"))
+            && err.contains(
+                "GB the GPU has free after the weights; lower the context size or the slots"
+            ),
+        "{err}"
+    );
+    // The GPU is left as it was: a backend of a small context still loads and runs.
+    let mut d = gpu(&g, &model, 32, 1);
+    assert!(d
+        .eval(0, &[300, 301], Logits::Last)
+        .unwrap()
+        .iter()
+        .all(|x| x.is_finite()));
+}
+
 #[test]
 fn a_backend_loads_only_the_modules_it_lists() {
     if common::gpu().is_none() {
