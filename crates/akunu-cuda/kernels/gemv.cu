@@ -49,6 +49,7 @@ extern "C" __global__ void __launch_bounds__(256)
 #else
 
 #include "quant.cuh"
+#include "chain.cuh"
 
 #define FULL_MASK 0xffffffffu
 
@@ -1102,6 +1103,76 @@ extern "C" __global__ void __launch_bounds__(256, 4) gemv_m1_stream(const GemvPa
     stream_rows<1, M1_ROWS>(PlainJob<1, M1_ROWS>{P}, acts_of(P), 1, P.blocks, P.early);
 }
 #endif
+// The output product of a greedy decode step with its argmax (no separate argmax launch, no
+// logits written): every warp streams its row groups as gemv_m1_stream does and keeps the best
+// of the totals it holds as a 64-bit key (argmax_key); each block offers its best to `key`
+// (atomicMax), and the last block to take a ticket records the token into `out` and the chain,
+// then zeroes `key` and `ticket` for the next launch. The same choice as sample.cu's argmax_f32
+// over the written logits: the largest, ties to the lowest row, NaN skipped, token 0 when every
+// total is NaN.
+
+// A total's key: the value's bits ordered as unsigned integers (−0 and denormals as +0, as the
+// flush-to-zero comparison of argmax_f32 has them equal), then the complement of the row, so the
+// larger key is the larger value and, of equal values, the lower row; 0 is none (NaN, which no
+// key of a number reaches).
+__device__ __forceinline__ u64 argmax_key(float v, u32 row) {
+    if (v != v) return 0;
+    const u32 b = fabsf(v) < 1.17549435e-38f ? 0u : __float_as_uint(v);
+    const u32 o = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ((u64)o << 32) | (u64)(~row);
+}
+
+template <int NR>
+struct ArgmaxJob {
+    PlainJob<1, NR> plain;
+    mutable u64 best;
+    __device__ __forceinline__ void rows(int b, QMatrix (&mat)[NR], int (&row)[NR]) const {
+        plain.rows(b, mat, row);
+    }
+    __device__ __forceinline__ void store(int b, float s, int lane) const {
+        constexpr int SH = 5 - Log2<NR>::value;
+        const GemvPart& p = part_of(plain.P, b);
+        const int row = plain.row0(p, b) + (lane >> SH);
+        if ((lane & ((1 << SH) - 1)) == 0 && row < p.rows) {
+            const u64 k = argmax_key(s, (u32)row);
+            if (k > best) best = k;
+        }
+    }
+};
+
+#define ARGMAX_MINB (STREAM_APART ? 4 : M1_MINB)
+struct ArgmaxParams {
+    GemvParams gemv;
+    u64* key;
+    u32* ticket;
+    u32* out;
+    Chain chain;
+};
+extern "C" __global__ void __launch_bounds__(256, ARGMAX_MINB) gemv_m1_argmax(const ArgmaxParams A) {
+    __shared__ u64 warp_best[8];
+    const GemvParams& P = A.gemv;
+    const ArgmaxJob<M1_ROWS> job = {{P}, 0};
+    stream_rows<1, M1_ROWS>(job, acts_of(P), 1, P.blocks, P.early);
+    u64 best = job.best;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const u64 other = __shfl_xor_sync(FULL_MASK, best, o);
+        if (other > best) best = other;
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) warp_best[warp] = best;
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    for (int w = 1; w < (int)(blockDim.x >> 5); w++) best = warp_best[w] > best ? warp_best[w] : best;
+    if (best) atomicMax(A.key, best);
+    __threadfence();
+    if (atomicAdd(A.ticket, 1u) != gridDim.x - 1) return;
+    __threadfence();
+    const u64 k = atomicExch(A.key, 0ull);
+    *A.ticket = 0;
+    record(A.out, k ? ~(u32)k : 0u, A.chain);
+}
+
 // The streamed gated products of M tokens (the gated entries' parameters): every warp owns one
 // output row at a time.
 #define GATED_STREAM(NAME, M, MINB)                                                              \

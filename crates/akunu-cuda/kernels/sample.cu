@@ -35,7 +35,7 @@
 // (or mass) crosses the goal is refined by radix passes over the key bits until it holds at
 // most CAPC tokens, which are gathered, sorted and walked. Masses are summed in 2^-40 fixed
 // point (64-bit integer atomics), exact far below the f32 weights' own rounding.
-#include "common.cuh"
+#include "chain.cuh"
 
 #define SAMPLE_THREADS 512
 #define SAMPLE_WARPS (SAMPLE_THREADS / WARP)
@@ -269,26 +269,6 @@ __device__ __forceinline__ float gumbel_score(float x, const SampleParams& P, u3
 
 // ---------------------------------------------------------------------------------------------
 // argmax
-
-// Where a decode chain keeps its state (one row; greedy or sampled): the token chosen is also
-// appended to out[*count] and positions[0] moves on, so the captured step replays for the next
-// token.
-struct Chain {
-    u32* positions;
-    u32* out;
-    u32* count;
-};
-
-// A row's token into *out, and into the chain where there is one.
-__device__ __forceinline__ void record(u32* out, u32 token, const Chain& chain) {
-    *out = token;
-    if (chain.out) {
-        const u32 i = *chain.count;
-        chain.out[i] = token;
-        chain.positions[0] += 1;
-        *chain.count = i + 1;
-    }
-}
 
 // The row's argmax (~0: none, read as token 0) into out[row], and into the chain.
 __device__ __forceinline__ void choose(u32* out, u32 row, u32 bi, const Chain& chain) {

@@ -18,7 +18,9 @@
 //! `gemv_max_m` tokens) are captured once per (tokens, outputs) shape as a CUDA graph and
 //! replayed, their kernels joined by programmatic dependent launch on Hopper (each kernel is
 //! scheduled while its predecessor drains). Chain decode (`Backend::greedy_chain`) replays the
-//! one-token graph with the next token chosen on the device, reading tokens back once per chain.
+//! one-token graph with the next token chosen on the device (for greedy chains by the output
+//! product itself, `matmul::gemv_argmax`, which writes no logits), reading tokens back once per
+//! chain.
 //! A pass's logits stay on the device until asked for, so tokens drawn there after a pass
 //! (`Backend::draw`: a batched decode step, the token after a prompt) cost one small read.
 
@@ -42,7 +44,7 @@ use crate::flash::{
 use crate::gemm::{GemmKernels, GemmScratch};
 use crate::gpu::{DeviceBuffer, Gpu};
 use crate::layers::LayerKernels;
-use crate::matmul::{ActScratch, DeviceMatrix, MatmulKernels};
+use crate::matmul::{ActScratch, ArgmaxTarget, DeviceMatrix, MatmulKernels};
 use crate::sample::{Chain, RowSetup, SampleKernels, SamplerState, MAX_WINDOW};
 use crate::CudaError;
 
@@ -191,6 +193,8 @@ pub struct CudaBackend {
     /// The tokens a chain chose (one per position of the context at most) and their count.
     chain_out: DeviceBuffer,
     chain_counter: DeviceBuffer,
+    /// The scratch of greedy chains' argmax inside the output product.
+    argmax_scratch: DeviceBuffer,
     use_graphs: bool,
     /// Per-step GPU time when profiling (events around each step, no graphs).
     op_times: Option<Vec<f64>>,
@@ -423,6 +427,7 @@ impl CudaBackend {
         let logits_dev = gpu.alloc(mb * c.n_vocab * 4)?;
         let chain_out = gpu.alloc(opts.n_ctx * 4)?;
         let chain_counter = gpu.alloc(4)?;
+        let argmax_scratch = gpu.alloc(crate::matmul::ARGMAX_SCRATCH_BYTES)?;
         Ok(CudaBackend {
             gpu,
             model,
@@ -456,6 +461,7 @@ impl CudaBackend {
             graphs: HashMap::new(),
             chain_out,
             chain_counter,
+            argmax_scratch,
             use_graphs: std::env::var("AKUNU_NO_GRAPHS").is_err(),
             op_times: None,
         })
@@ -538,7 +544,7 @@ impl CudaBackend {
     }
 
     /// Launches every step for `m` tokens and `n_out` output rows.
-    fn launch_pass(&mut self, m: usize, n_out: usize) -> Result<(), CudaError> {
+    fn launch_pass(&mut self, m: usize, n_out: usize, pick: Pick) -> Result<(), CudaError> {
         let profiling = self.op_times.is_some();
         self.acts.borrow_mut().forget_written();
         let mut events = Vec::new();
@@ -546,7 +552,7 @@ impl CudaBackend {
             if profiling {
                 events.push(self.mark()?);
             }
-            self.launch_step(i, m, n_out)?;
+            self.launch_step(i, m, n_out, pick)?;
         }
         if profiling {
             events.push(self.mark()?);
@@ -664,7 +670,7 @@ impl CudaBackend {
             .expect("lowered steps name uploaded matrices")
     }
 
-    fn launch_step(&self, i: usize, m: usize, n_out: usize) -> Result<(), CudaError> {
+    fn launch_step(&self, i: usize, m: usize, n_out: usize, pick: Pick) -> Result<(), CudaError> {
         let c = &self.model.config;
         let gpu = &self.gpu;
         let l = &self.meta_layout;
@@ -1006,6 +1012,15 @@ impl CudaBackend {
                         n_out,
                         c.n_embd,
                     )?;
+                    if let Some(target) = self.argmax_in_product(pick, n_out, softcap.is_some()) {
+                        return crate::matmul::gemv_argmax(
+                            gpu,
+                            &self.mm,
+                            w,
+                            &self.acts.borrow(),
+                            &target,
+                        );
+                    }
                     crate::matmul::gemv(
                         gpu,
                         &self.mm,
@@ -1039,16 +1054,46 @@ impl CudaBackend {
         }
     }
 
+    /// The chain's state on the device, for the kernel that chooses its token.
+    fn chain_state(&self) -> Chain {
+        Chain {
+            positions: self.meta_ptr(self.meta_layout.positions),
+            out: self.chain_out.ptr(),
+            count: self.chain_counter.ptr(),
+        }
+    }
+
+    /// Where the output product chooses the token itself (`matmul::gemv_argmax`, the chip
+    /// config's `gemv_argmax`): a greedy chain's single output row, its logits not soft-capped
+    /// (the cap is applied to the written logits). No logits are written then.
+    fn argmax_in_product(&self, pick: Pick, n_out: usize, capped: bool) -> Option<ArgmaxTarget> {
+        (pick == Pick::Argmax && n_out == 1 && !capped && self.gpu.chip.gemv_argmax).then(|| {
+            ArgmaxTarget {
+                out: self.meta_ptr(self.meta_layout.tokens),
+                chain: self.chain_state(),
+                scratch: self.argmax_scratch.ptr(),
+            }
+        })
+    }
+
     /// Launches the pass, plus the device-side token choice `pick`, which also records the
     /// token in the chain and moves the position on.
     fn launch_all(&mut self, m: usize, n_out: usize, pick: Pick) -> Result<(), CudaError> {
-        self.launch_pass(m, n_out)?;
+        self.launch_pass(m, n_out, pick)?;
+        let chain = self.chain_state();
+        let capped = self.steps.iter().any(|s| {
+            matches!(
+                s,
+                Step::Logits {
+                    softcap: Some(_),
+                    ..
+                }
+            )
+        });
+        if self.argmax_in_product(pick, n_out, capped).is_some() {
+            return Ok(());
+        }
         let l = &self.meta_layout;
-        let chain = Chain {
-            positions: self.meta_ptr(l.positions),
-            out: self.chain_out.ptr(),
-            count: self.chain_counter.ptr(),
-        };
         let (logits, n_vocab, token) = (
             self.logits_dev.ptr(),
             self.model.config.n_vocab,

@@ -46,6 +46,10 @@ pub struct ChipConfig {
     /// The products of one and two tokens with unsplit rows launch at most this many times the
     /// blocks the GPU holds at once, and their warps walk the rest (0: one block per row group).
     pub gemv_waves: usize,
+    /// Greedy decode chains choose their token inside the output product
+    /// (`matmul::gemv_argmax`) instead of in an argmax launch over the written logits: tg128
+    /// +0.5 % (qwen3-0.6b), +0.4 % (llama3.2-1b) (docs/perf/2026-12-07-argmax-in-product.md).
+    pub gemv_argmax: bool,
     /// Largest batch served by the GEMV kernels; larger batches use the tiled GEMM.
     pub gemv_max_m: usize,
     /// Smallest batch whose products run on tensor cores (`gemv_mma_*` in `kernels/gemv.cu`,
@@ -212,6 +216,7 @@ impl ChipConfig {
             gemv_early_loads: env_override("gemv_early_loads", 1) != 0,
             gemv_narrow_release: env_override("gemv_narrow_release", 1) != 0,
             gemv_waves: env_override("gemv_waves", 1),
+            gemv_argmax: env_override("gemv_argmax", 1) != 0,
             gemv_max_m: env_override("gemv_max_m", crate::matmul::MAX_M)
                 .clamp(1, crate::matmul::MAX_M),
             gemv_mma_from: mma_from_setting(env_override("gemv_mma_from", 5)),

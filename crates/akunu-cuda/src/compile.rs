@@ -28,6 +28,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("quant.cuh", include_str!("../kernels/quant.cuh")),
     ("mma.cuh", include_str!("../kernels/mma.cuh")),
     ("actq.cuh", include_str!("../kernels/actq.cuh")),
+    ("chain.cuh", include_str!("../kernels/chain.cuh")),
     ("rope.cuh", include_str!("../kernels/rope.cuh")),
     ("wgmma.cuh", include_str!("../kernels/wgmma.cuh")),
     ("embed.cu", include_str!("../kernels/embed.cu")),

@@ -25,9 +25,10 @@
 //!   where the `dp4a` products are bound by their dot products and repeated activation loads.
 //!   [`gemv_many`] runs up to three products of one input (q, k and v) in one launch, so the
 //!   small ones do not each pay a launch and a ramp.
-//!   [`gemv_gated`] computes `act(gate·x) * (up·x)` in one launch. [`embed`] gathers
-//!   dequantized rows; [`embed_norm`] also applies the first RMSNorm and writes its int8 form,
-//!   so a pass starts with one launch before its first products.
+//!   [`gemv_gated`] computes `act(gate·x) * (up·x)` in one launch; [`gemv_argmax`] finds
+//!   the largest output of a greedy decode step's output product in the same launch.
+//!   [`embed`] gathers dequantized rows; [`embed_norm`] also applies the first RMSNorm and
+//!   writes its int8 form, so a pass starts with one launch before its first products.
 //! - A launch gives each row group (one warp's rows) several warps, each taking a share of the
 //!   row's columns, when its matrices have too few rows to fill the GPU (see `ksplit`).
 //! - The products of one and two tokens with unsplit rows run on a grid capped at what the GPU
@@ -44,6 +45,7 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::compile::ModuleSpec;
 use crate::gpu::{Arg, DeviceBuffer, Gpu, Kernel};
+use crate::sample::Chain;
 use crate::CudaError;
 
 /// The weight types the kernels handle.
@@ -324,6 +326,8 @@ struct TypeKernels {
     /// `gemv_m1_split` and `gemv_gated_m1_split`: m = 1 with rows split over warps.
     gemv_split: Kernel,
     gated_split: Kernel,
+    /// `gemv_m1_argmax`: m = 1 streamed, choosing the largest output ([`gemv_argmax`]).
+    argmax: Kernel,
     /// `gemv_m1_norm`: m = 1 with the residual add and the next norm, where the chip config
     /// folds norms into products; `gemv_m1_norm_split`, the same on clusters, where it lets
     /// several blocks share a group.
@@ -524,6 +528,7 @@ impl MatmulKernels {
                 gated_m2_stream: gpu.kernel("gemv.cu", "gemv_gated_m2_stream", &defines)?,
                 gemv_split: gpu.kernel("gemv.cu", "gemv_m1_split", &defines)?,
                 gated_split: gpu.kernel("gemv.cu", "gemv_gated_m1_split", &defines)?,
+                argmax: gpu.kernel("gemv.cu", "gemv_m1_argmax", &defines)?,
                 norm: norm_kernel("gemv_m1_norm", chip.gemv_norm > 0)?,
                 norm_split: norm_kernel("gemv_m1_norm_split", chip.gemv_norm > 1)?,
                 norm_q: norm_kernel("gemv_m1_norm_q", chip.gemv_norm > 0 && quant_in)?,
@@ -1271,20 +1276,26 @@ fn launch_gemv(
             &params,
         );
     }
-    let (kernel, grid) = k.launch_shape(
-        gpu,
-        (&tk.gemv_split, &tk.gemv, tk.stream(v, false)),
-        v,
-        ks,
-        blocks,
-        warps as u32,
-    )?;
+    let kernels = (&tk.gemv_split, &tk.gemv[..], tk.stream(v, false));
+    launch_shaped(gpu, k, kernels, (v, ks, blocks, warps), &params)
+}
+
+/// Launches `params` on the kernel and grid [`MatmulKernels::launch_shape`] picks among
+/// `kernels` for variant `v`, `ks` warps a row group and `blocks` blocks of `warps` warps.
+fn launch_shaped<T: Pod>(
+    gpu: &Gpu,
+    k: &MatmulKernels,
+    kernels: (&Kernel, &[Kernel], Option<&Kernel>),
+    (v, ks, blocks, warps): (usize, usize, usize, usize),
+    params: &T,
+) -> Result<(), CudaError> {
+    let (kernel, grid) = k.launch_shape(gpu, kernels, v, ks, blocks, warps as u32)?;
     gpu.launch_with(
         kernel,
         (grid as u32, 1, 1),
         (32 * warps as u32, 1, 1),
         0,
-        &params,
+        params,
     )
 }
 
@@ -1320,6 +1331,72 @@ pub fn gemv_many(
     m: usize,
 ) -> Result<(), CudaError> {
     for_each_launch(parts, k.parts, |run| launch_gemv(gpu, k, run, acts, m, 0))
+}
+
+/// Where [`gemv_argmax`] records its token: `out` (one `u32`), the decode chain's state, and
+/// [`ARGMAX_SCRATCH_BYTES`] of device scratch, zeroed before the first launch (every launch
+/// leaves it zeroed).
+#[derive(Clone, Copy, Debug)]
+pub struct ArgmaxTarget {
+    pub out: u64,
+    pub chain: Chain,
+    pub scratch: u64,
+}
+
+/// Bytes of [`ArgmaxTarget::scratch`]: the best key so far (`u64`), then the blocks' ticket.
+pub const ARGMAX_SCRATCH_BYTES: usize = 16;
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct ArgmaxParams {
+    gemv: GemvParams,
+    key: u64,
+    ticket: u64,
+    out: u64,
+    chain: [u64; 3],
+}
+
+/// The index of the largest of `w`·x over `w`'s rows, for the first prepared input row of
+/// `acts`, into `target` (and its chain), without writing the products: one launch where a
+/// product and an argmax over its output took two. The choice is `SampleKernels::argmax`'s
+/// over the products: ties go to the lowest row, NaN is skipped, all NaN gives 0. The warps
+/// stream their row groups on a grid capped at what the GPU holds, as a single token's large
+/// products do.
+pub fn gemv_argmax(
+    gpu: &Gpu,
+    k: &MatmulKernels,
+    w: &DeviceMatrix,
+    acts: &ActScratch,
+    target: &ArgmaxTarget,
+) -> Result<(), CudaError> {
+    let c = &target.chain;
+    if target.out == 0 || target.scratch == 0 || [c.positions, c.out, c.count].contains(&0) {
+        return Err(CudaError::Bounds(format!(
+            "an output product's argmax into {target:?}: needs non-null pointers"
+        )));
+    }
+    let tk = k.of(w.ty)?;
+    let nr = rows_per_warp(w.ty, 1);
+    let warps = k.block_warps(w.ty, 1, w.cols) as usize;
+    let blocks = w.rows.div_ceil(warps * nr);
+    let mut params = ArgmaxParams::zeroed();
+    let g = &mut params.gemv;
+    g.set_input(&acts.args(w, 1)?);
+    g.part[0] = GemvPart::of(&Product {
+        w,
+        y: 0,
+        y_stride: w.rows,
+        bias: None,
+    });
+    (g.cols, g.m, g.ksplit, g.parts) = (w.cols as i32, 1, 1, 1);
+    g.early = k.start(w.ty, 1, w.cols);
+    g.blocks = blocks as i32;
+    (params.key, params.ticket) = (target.scratch, target.scratch + 8);
+    params.out = target.out;
+    params.chain = [c.positions, c.out, c.count];
+    let one = std::slice::from_ref(&tk.argmax);
+    let kernels = (&tk.argmax, one, Some(&tk.argmax));
+    launch_shaped(gpu, k, kernels, (0, 1, blocks, warps), &params)
 }
 
 /// Where [`gemv_residual_norm`] adds its product, and the norm that follows.

@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 use akunu_core::Activation;
 use akunu_cuda::compile::{self, ModuleKey};
-use akunu_cuda::matmul::{self, ActScratch, DeviceMatrix, GridCap, MatmulKernels};
+use akunu_cuda::matmul::{self, ActScratch, ArgmaxTarget, DeviceMatrix, GridCap, MatmulKernels};
+use akunu_cuda::sample::Chain;
 use akunu_cuda::{CudaError, DeviceBuffer, Gpu};
 use akunu_quant::GgmlType;
 use rand::rngs::StdRng;
@@ -721,6 +722,154 @@ fn embed_norm_matches_the_lookup_and_the_norm() {
                 }
             }
         }
+    }
+}
+
+/// [`matmul::gemv_argmax`] of `dm` with the prepared `acts`, launched twice (the second on
+/// the scratch the first left); checks the chain's bookkeeping (the token in `out` and twice in
+/// the chain's list, the count 2, the position moved on twice) and returns the token.
+fn argmax_twice(gpu: &Arc<Gpu>, k: &MatmulKernels, dm: &DeviceMatrix, acts: &ActScratch) -> u32 {
+    let out = gpu.upload(&[u32::MAX]).unwrap();
+    let positions = gpu.upload(&[41u32]).unwrap();
+    let list = gpu.upload(&[u32::MAX; 3]).unwrap();
+    let count = gpu.upload(&[0u32]).unwrap();
+    let scratch = gpu.alloc(matmul::ARGMAX_SCRATCH_BYTES).unwrap();
+    let target = ArgmaxTarget {
+        out: out.ptr(),
+        chain: Chain {
+            positions: positions.ptr(),
+            out: list.ptr(),
+            count: count.ptr(),
+        },
+        scratch: scratch.ptr(),
+    };
+    for _ in 0..2 {
+        matmul::gemv_argmax(gpu, k, dm, acts, &target).unwrap();
+    }
+    gpu.sync().unwrap();
+    let read = |b: &DeviceBuffer, n: usize| {
+        let mut v = vec![0u32; n];
+        gpu.read(b, 0, &mut v).unwrap();
+        v
+    };
+    let token = read(&out, 1)[0];
+    assert_eq!(
+        read(&list, 3),
+        [token, token, u32::MAX],
+        "the chain's tokens"
+    );
+    assert_eq!(read(&count, 1), [2], "the chain's count");
+    assert_eq!(read(&positions, 1), [43], "the chain's position");
+    token
+}
+
+/// The index of the largest of `v`, ties to the lowest, NaN skipped, 0 if all are NaN.
+fn argmax_of(v: &[f32]) -> u32 {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &x) in v.iter().enumerate() {
+        if !x.is_nan() && best.is_none_or(|(_, b)| x > b) {
+            best = Some((i, x));
+        }
+    }
+    best.map_or(0, |(i, _)| i as u32)
+}
+
+/// `dm`'s written single-token product of the prepared `acts` (rows f32).
+fn written_product(
+    gpu: &Arc<Gpu>,
+    k: &MatmulKernels,
+    dm: &DeviceMatrix,
+    acts: &ActScratch,
+) -> Vec<f32> {
+    let y = poisoned(gpu, 1, dm.rows());
+    matmul::gemv(gpu, k, dm, acts, 1, y.ptr(), dm.rows(), None).unwrap();
+    let mut got = vec![0f32; dm.rows()];
+    gpu.read(&y, 0, &mut got).unwrap();
+    got
+}
+
+/// The output product's own argmax picks the row the written products' argmax picks: the same
+/// row where the products stream (vocabulary-sized: each warp walks several row groups, and
+/// every row's sum is the streamed product's to the bit), a row whose exact product is the
+/// largest within the tolerance otherwise; for every weight type.
+#[test]
+fn output_product_argmax_matches_the_products() {
+    let Some(gpu) = gpu() else { return };
+    let k = kernels(&gpu);
+    let mut acts = ActScratch::new(&gpu, 1, 4096).unwrap();
+    for &ty in TYPES {
+        for (i, &(rows, cols)) in [(1, 256), (300, 512), (40_000, 256)].iter().enumerate() {
+            let seed = 7000 + 100 * ty as u64 + i as u64;
+            let (bytes, w) = random_bytes(ty, rows, cols, seed);
+            let dm = DeviceMatrix::upload(&gpu, ty, &bytes, rows, cols).unwrap();
+            let (x, xb) = inputs(&gpu, 1, cols, seed);
+            acts.prepare(&gpu, &k, xb.ptr(), cols, 1, cols).unwrap();
+            let want = reference(&w, rows, cols, &as_seen(ty, &x, cols, cols), cols, 1).remove(0);
+            let token = argmax_twice(&gpu, &k, &dm, &acts);
+            let what = format!("{ty} {rows}x{cols}");
+            if rows > 10_000 {
+                let got = written_product(&gpu, &k, &dm, &acts);
+                assert_eq!(
+                    token,
+                    argmax_of(&got),
+                    "{what}: the written products' argmax"
+                );
+            }
+            let max = want.iter().cloned().fold(f64::MIN, f64::max);
+            let scale = want.iter().fold(0f64, |a, v| a.max(v.abs()));
+            assert!(
+                want[token as usize] >= max - tolerance(ty) * scale,
+                "{what}: row {token} ({}) is not the largest ({max})",
+                want[token as usize]
+            );
+        }
+    }
+}
+
+/// Equal products go to the lowest row, NaN products are skipped, and all NaN gives row 0, as
+/// the argmax over written logits has them.
+#[test]
+fn output_product_argmax_ties_and_nan() {
+    let Some(gpu) = gpu() else { return };
+    let k = kernels(&gpu);
+    let mut acts = ActScratch::new(&gpu, 1, 4096).unwrap();
+    let (rows, cols) = (40_000, 256);
+    for ty in [GgmlType::Q4_0, GgmlType::Q6_K, GgmlType::F16] {
+        let row_bytes = ty.bytes_for(cols as u64).unwrap() as usize;
+        let (_, xb) = inputs(&gpu, 1, cols, 3);
+        acts.prepare(&gpu, &k, xb.ptr(), cols, 1, cols).unwrap();
+        // Two distinct rows: the first 7,001 rows are copies of the smaller, the rest of the
+        // larger, so the larger's first copy must win.
+        let (two, _) = random_bytes(ty, 2, cols, 11);
+        let small = DeviceMatrix::upload(&gpu, ty, &two, 2, cols).unwrap();
+        let pair = written_product(&gpu, &k, &small, &acts);
+        assert_ne!(pair[0], pair[1], "{ty}: two rows of one product");
+        let (lo, hi) = if pair[0] < pair[1] { (0, 1) } else { (1, 0) };
+        let copy = |r: usize| &two[r * row_bytes..(r + 1) * row_bytes];
+        let mut bytes = Vec::with_capacity(rows * row_bytes);
+        (0..rows).for_each(|r| bytes.extend_from_slice(copy(if r <= 7000 { lo } else { hi })));
+        let dm = DeviceMatrix::upload(&gpu, ty, &bytes, rows, cols).unwrap();
+        assert_eq!(argmax_twice(&gpu, &k, &dm, &acts), 7001, "{ty}: ties");
+        // NaN in the winning row: the best of the others wins.
+        let (mut bytes, _) = random_bytes(ty, rows, cols, 12);
+        let nan = |bytes: &mut [u8], r: usize| {
+            let at = r * row_bytes + if ty == GgmlType::Q6_K { 208 } else { 0 };
+            bytes[at..at + 2].copy_from_slice(&half::f16::NAN.to_bits().to_le_bytes());
+        };
+        let dm = DeviceMatrix::upload(&gpu, ty, &bytes, rows, cols).unwrap();
+        let mut got = written_product(&gpu, &k, &dm, &acts);
+        let best = argmax_of(&got) as usize;
+        nan(&mut bytes, best);
+        got[best] = f32::NAN;
+        let dm = DeviceMatrix::upload(&gpu, ty, &bytes, rows, cols).unwrap();
+        assert_eq!(
+            argmax_twice(&gpu, &k, &dm, &acts),
+            argmax_of(&got),
+            "{ty}: a NaN row"
+        );
+        (0..rows).for_each(|r| nan(&mut bytes, r));
+        let dm = DeviceMatrix::upload(&gpu, ty, &bytes, rows, cols).unwrap();
+        assert_eq!(argmax_twice(&gpu, &k, &dm, &acts), 0, "{ty}: every row NaN");
     }
 }
 
