@@ -158,3 +158,22 @@ pub trait Backend {
         ))
     }
 }
+
+/// A KV cache as a backend's errors name it: "the KV cache (N positions × S slots)", without
+/// the slots for one.
+pub fn kv_cache_name(n_ctx: usize, n_slots: usize) -> String {
+    if n_slots > 1 {
+        format!("the KV cache ({n_ctx} positions × {n_slots} slots)")
+    } else {
+        format!("the KV cache ({n_ctx} positions)")
+    }
+}
+
+/// What to lower when a KV cache of `n_slots` slots does not fit.
+pub fn kv_cache_advice(n_slots: usize) -> &'static str {
+    if n_slots > 1 {
+        "lower the context size or the slots"
+    } else {
+        "lower the context size"
+    }
+}

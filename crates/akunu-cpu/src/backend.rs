@@ -18,6 +18,7 @@
 
 use std::sync::Arc;
 
+use akunu_core::backend::{kv_cache_advice, kv_cache_name};
 use akunu_core::plan::Rope;
 use akunu_core::{Activation, Backend, Batch, Buf, EngineError, Model, Op};
 use rayon::prelude::*;
@@ -247,26 +248,15 @@ impl CpuBackend {
             * opts.n_ctx as f64
             * (c.head_dim + c.head_dim_v) as f64
             * c.n_layer as f64;
-        let cache_what = || {
-            let slots = if opts.n_slots > 1 {
-                format!(" × {} slots", opts.n_slots)
-            } else {
-                String::new()
-            };
-            format!("the KV cache ({} positions{slots})", opts.n_ctx)
-        };
+        let cache_what = || kv_cache_name(opts.n_ctx, opts.n_slots);
         let cache_err = || too_big(cache_what(), cache_bytes, "can be allocated");
         // The zeroed pages are granted lazily, so a cache larger than the machine's memory
         // would be allocated, and the process killed once the context filled it.
         if let Some(memory) = physical_memory().filter(|&m| cache_bytes > m as f64) {
             let beyond = format!(
-                "this machine's {:.1} GB of memory; lower the context size{}",
+                "this machine's {:.1} GB of memory; {}",
                 memory as f64 / 1e9,
-                if opts.n_slots > 1 {
-                    " or the slots"
-                } else {
-                    ""
-                },
+                kv_cache_advice(opts.n_slots),
             );
             return Err(too_big(cache_what(), cache_bytes, &beyond));
         }

@@ -28,6 +28,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use akunu_core::backend::{kv_cache_advice, kv_cache_name};
 use akunu_core::sampling::SamplerParams;
 use akunu_core::{
     Activation, Backend, Batch, Buf, Draw, EngineError, Model, Op, RopeStyle, WeightId,
@@ -208,17 +209,12 @@ fn check_kv_fits(gpu: &Gpu, opts: &CudaOptions, bytes: f64) -> Result<(), CudaEr
     if bytes <= free as f64 {
         return Ok(());
     }
-    let (slots, or_slots) = if opts.n_slots > 1 {
-        (format!(" × {} slots", opts.n_slots), " or the slots")
-    } else {
-        (String::new(), "")
-    };
     Err(CudaError::Bounds(format!(
-        "the KV cache ({} positions{slots}) needs {:.1} GB, more than the {:.1} GB the GPU has \
-         free after the weights; lower the context size{or_slots}",
-        opts.n_ctx,
+        "{} needs {:.1} GB, more than the {:.1} GB the GPU has free after the weights; {}",
+        kv_cache_name(opts.n_ctx, opts.n_slots),
         bytes / 1e9,
-        free as f64 / 1e9
+        free as f64 / 1e9,
+        kv_cache_advice(opts.n_slots)
     )))
 }
 

@@ -9,6 +9,7 @@ mod common;
 
 use std::sync::Arc;
 
+use akunu_core::sampling::{Sampler, SamplerParams};
 use akunu_core::Activation;
 use akunu_cuda::compile::{self, ModuleKey};
 use akunu_cuda::matmul::{self, ActScratch, ArgmaxTarget, DeviceMatrix, GridCap, MatmulKernels};
@@ -763,15 +764,11 @@ fn argmax_twice(gpu: &Arc<Gpu>, k: &MatmulKernels, dm: &DeviceMatrix, acts: &Act
     token
 }
 
-/// The index of the largest of `v`, ties to the lowest, NaN skipped, 0 if all are NaN.
+/// The CPU's greedy choice over `v` (`akunu_core::sampling`): the largest, ties to the lowest
+/// index, NaN skipped, 0 if all are NaN.
 fn argmax_of(v: &[f32]) -> u32 {
-    let mut best: Option<(usize, f32)> = None;
-    for (i, &x) in v.iter().enumerate() {
-        if !x.is_nan() && best.is_none_or(|(_, b)| x > b) {
-            best = Some((i, x));
-        }
-    }
-    best.map_or(0, |(i, _)| i as u32)
+    let mut greedy = Sampler::new(SamplerParams::greedy(), v.len()).unwrap();
+    greedy.sample(&mut v.to_vec())
 }
 
 /// `dm`'s written single-token product of the prepared `acts` (rows f32).
