@@ -1077,15 +1077,7 @@ impl CudaBackend {
     fn launch_all(&mut self, m: usize, n_out: usize, pick: Pick) -> Result<(), CudaError> {
         self.launch_pass(m, n_out, pick)?;
         let chain = self.chain_state();
-        let capped = self.steps.iter().any(|s| {
-            matches!(
-                s,
-                Step::Logits {
-                    softcap: Some(_),
-                    ..
-                }
-            )
-        });
+        let capped = self.model.arch.final_softcap.is_some();
         if self.argmax_in_product(pick, n_out, capped).is_some() {
             return Ok(());
         }
