@@ -32,7 +32,10 @@ pub struct ChipConfig {
     /// (docs/perf/2026-11-23-narrow-products.md). 0: `gemv_warps`.
     pub gemv_narrow_warps: usize,
     /// Warps per SM a GEMV launch aims for: with fewer row groups than that, each row's
-    /// columns are split over up to `gemv_warps` warps (0: never split).
+    /// columns are split over up to `gemv_warps` warps (0: never split). 4 against 8 on an
+    /// H100: tg128 +0.9 % on llama3.2-1b q4_0, level (within ±0.15 %) on qwen3-0.6b q4_0,
+    /// qwen3-4b q4_k and llama3.1-8b q4_0 and q4_k
+    /// (docs/perf/2026-12-07-decode-attention-phases.md).
     pub gemv_fill_warps: usize,
     /// Products of one input (q, k and v) that share a GEMV launch, 1 to 3.
     pub gemv_parts: usize,
@@ -211,7 +214,7 @@ impl ChipConfig {
                 .clamp(1, 8)
                 .next_power_of_two(),
             gemv_narrow_warps: env_override("gemv_narrow_warps", 8),
-            gemv_fill_warps: env_override("gemv_fill_warps", 8),
+            gemv_fill_warps: env_override("gemv_fill_warps", 4),
             gemv_parts: env_override("gemv_parts", 3).clamp(1, crate::matmul::MAX_PARTS),
             gemv_early_loads: env_override("gemv_early_loads", 1) != 0,
             gemv_narrow_release: env_override("gemv_narrow_release", 1) != 0,
