@@ -75,17 +75,9 @@ pub fn parse(
     let include_usage = match f.take("stream_options") {
         None => false,
         Some(Value::Object(o)) => {
-            let mut g = Fields::new(o);
-            let v = g
-                .bool("include_usage")
-                .map_err(|_| {
-                    ApiError::param(
-                        "stream_options.include_usage",
-                        "`stream_options.include_usage` must be a boolean",
-                    )
-                })?
-                .unwrap_or(false);
-            g.finish("stream_options.", &[])?;
+            let mut g = Fields::nested(o, "stream_options.");
+            let v = g.bool("include_usage")?.unwrap_or(false);
+            g.finish(&[])?;
             v
         }
         Some(_) => {
@@ -196,22 +188,19 @@ pub fn parse(
         }
     }
     let user = f.string("user")?;
-    f.finish(
-        "",
-        &[
-            "tools",
-            "tool_choice",
-            "parallel_tool_calls",
-            "functions",
-            "function_call",
-            "logit_bias",
-            "audio",
-            "modalities",
-            "prediction",
-            "reasoning_effort",
-            "web_search_options",
-        ],
-    )?;
+    f.finish(&[
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "functions",
+        "function_call",
+        "logit_bias",
+        "audio",
+        "modalities",
+        "prediction",
+        "reasoning_effort",
+        "web_search_options",
+    ])?;
     sampler
         .validate()
         .map_err(|e| ApiError::invalid(e.to_string()))?;
@@ -260,19 +249,29 @@ pub(crate) fn string_field<'a>(
     body: &'a Map<String, Value>,
     key: &str,
 ) -> Result<Option<&'a str>, ApiError> {
-    match body.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s)),
-        Some(_) => Err(ApiError::param(key, format!("`{key}` must be a string"))),
-    }
+    as_string(body.get(key), key)
 }
 
 /// The field `key` of `body` as a boolean; absent and `null` give `None`.
 pub(crate) fn bool_field(body: &Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError> {
-    match body.get(key) {
+    as_bool(body.get(key), key)
+}
+
+/// A field's value as a string, refused under its full `name`; absent and `null` give `None`.
+fn as_string<'a>(v: Option<&'a Value>, name: &str) -> Result<Option<&'a str>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(ApiError::param(name, format!("`{name}` must be a string"))),
+    }
+}
+
+/// A field's value as a boolean, refused under its full `name`; absent and `null` give `None`.
+fn as_bool(v: Option<&Value>, name: &str) -> Result<Option<bool>, ApiError> {
+    match v {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(_) => Err(ApiError::param(key, format!("`{key}` must be a boolean"))),
+        Some(_) => Err(ApiError::param(name, format!("`{name}` must be a boolean"))),
     }
 }
 
@@ -310,18 +309,30 @@ fn stops(f: &mut Fields) -> Result<Vec<String>, ApiError> {
     Ok(list)
 }
 
-/// The fields of one JSON object, remembering which were read.
+/// The fields of one JSON object, remembering which were read. A nested object's fields are
+/// named in errors by their path from the body (`prefix`, such as "stream_options.").
 struct Fields<'a> {
     map: &'a Map<String, Value>,
     used: BTreeSet<&'a str>,
+    prefix: &'static str,
 }
 
 impl<'a> Fields<'a> {
     fn new(map: &'a Map<String, Value>) -> Self {
+        Self::nested(map, "")
+    }
+
+    fn nested(map: &'a Map<String, Value>, prefix: &'static str) -> Self {
         Self {
             map,
             used: BTreeSet::new(),
+            prefix,
         }
+    }
+
+    /// `key`'s full name, as errors give it.
+    fn name(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
     }
 
     fn take(&mut self, key: &'a str) -> Option<&'a Value> {
@@ -330,49 +341,50 @@ impl<'a> Fields<'a> {
     }
 
     fn string(&mut self, key: &'a str) -> Result<Option<String>, ApiError> {
-        self.used.insert(key);
-        Ok(string_field(self.map, key)?.map(str::to_string))
+        let v = self.take(key);
+        Ok(as_string(v, &self.name(key))?.map(str::to_string))
     }
 
     fn bool(&mut self, key: &'a str) -> Result<Option<bool>, ApiError> {
-        self.used.insert(key);
-        bool_field(self.map, key)
+        let v = self.take(key);
+        as_bool(v, &self.name(key))
     }
 
     fn uint(&mut self, key: &'a str) -> Result<Option<usize>, ApiError> {
-        match self.take(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .and_then(|n| usize::try_from(n).ok())
-                .map(Some)
-                .ok_or_else(|| {
-                    ApiError::param(key, format!("`{key}` must be a non-negative integer"))
-                }),
-        }
+        let Some(v) = self.take(key) else {
+            return Ok(None);
+        };
+        let name = self.name(key);
+        v.as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+            .map(Some)
+            .ok_or_else(|| {
+                ApiError::param(&name, format!("`{name}` must be a non-negative integer"))
+            })
     }
 
     fn number(&mut self, key: &'a str, lo: f32, hi: f32) -> Result<Option<f32>, ApiError> {
-        match self.take(key) {
-            None => Ok(None),
-            Some(v) => match v.as_f64() {
-                Some(x) if (f64::from(lo)..=f64::from(hi)).contains(&x) => Ok(Some(x as f32)),
-                Some(x) => Err(ApiError::param(
-                    key,
-                    format!("`{key}` must be between {lo} and {hi}, got {x}"),
-                )),
-                None => Err(ApiError::param(key, format!("`{key}` must be a number"))),
-            },
+        let Some(v) = self.take(key) else {
+            return Ok(None);
+        };
+        let name = self.name(key);
+        match v.as_f64() {
+            Some(x) if (f64::from(lo)..=f64::from(hi)).contains(&x) => Ok(Some(x as f32)),
+            Some(x) => Err(ApiError::param(
+                &name,
+                format!("`{name}` must be between {lo} and {hi}, got {x}"),
+            )),
+            None => Err(ApiError::param(&name, format!("`{name}` must be a number"))),
         }
     }
 
     /// Refuses every field that was not read: `unsupported` ones as such, others as unknown.
-    fn finish(&self, prefix: &str, unsupported: &[&str]) -> Result<(), ApiError> {
+    fn finish(&self, unsupported: &[&str]) -> Result<(), ApiError> {
         let unread = |(k, v): &(&String, &Value)| !v.is_null() && !self.used.contains(k.as_str());
         let Some((key, _)) = self.map.iter().find(unread) else {
             return Ok(());
         };
-        let name = format!("{prefix}{key}");
+        let name = self.name(key);
         if unsupported.contains(&key.as_str()) {
             Err(ApiError::param(
                 &name,
@@ -411,6 +423,21 @@ mod tests {
         let e = r.expect_err("should be refused");
         assert_eq!(e.status, 400, "{}", e.message);
         e.param.unwrap_or_default()
+    }
+
+    #[test]
+    fn a_nested_field_is_refused_by_its_path() {
+        let e = chat(json!({"stream_options": {"include_usage": 1}})).expect_err("refused");
+        assert_eq!(e.param.as_deref(), Some("stream_options.include_usage"));
+        assert_eq!(
+            e.message,
+            "`stream_options.include_usage` must be a boolean"
+        );
+        let e = chat(json!({"stream_options": {"x": true}})).expect_err("refused");
+        assert_eq!(
+            e.message,
+            "unrecognized request argument `stream_options.x`"
+        );
     }
 
     #[test]
