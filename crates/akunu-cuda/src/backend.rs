@@ -1008,7 +1008,7 @@ impl CudaBackend {
                         n_out,
                         c.n_embd,
                     )?;
-                    if let Some(target) = self.argmax_in_product(pick, n_out, softcap.is_some()) {
+                    if let Some(target) = self.argmax_in_product(pick, n_out) {
                         return crate::matmul::gemv_argmax(
                             gpu,
                             &self.mm,
@@ -1062,7 +1062,8 @@ impl CudaBackend {
     /// Where the output product chooses the token itself (`matmul::gemv_argmax`, the chip
     /// config's `gemv_argmax`): a greedy chain's single output row, its logits not soft-capped
     /// (the cap is applied to the written logits). No logits are written then.
-    fn argmax_in_product(&self, pick: Pick, n_out: usize, capped: bool) -> Option<ArgmaxTarget> {
+    fn argmax_in_product(&self, pick: Pick, n_out: usize) -> Option<ArgmaxTarget> {
+        let capped = self.model.arch.final_softcap.is_some();
         (pick == Pick::Argmax && n_out == 1 && !capped && self.gpu.chip.gemv_argmax).then(|| {
             ArgmaxTarget {
                 out: self.meta_ptr(self.meta_layout.tokens),
@@ -1076,11 +1077,10 @@ impl CudaBackend {
     /// token in the chain and moves the position on.
     fn launch_all(&mut self, m: usize, n_out: usize, pick: Pick) -> Result<(), CudaError> {
         self.launch_pass(m, n_out, pick)?;
-        let chain = self.chain_state();
-        let capped = self.model.arch.final_softcap.is_some();
-        if self.argmax_in_product(pick, n_out, capped).is_some() {
+        if self.argmax_in_product(pick, n_out).is_some() {
             return Ok(());
         }
+        let chain = self.chain_state();
         let l = &self.meta_layout;
         let (logits, n_vocab, token) = (
             self.logits_dev.ptr(),
