@@ -1111,15 +1111,12 @@ extern "C" __global__ void __launch_bounds__(256, 4) gemv_m1_stream(const GemvPa
 // over the written logits: the largest, ties to the lowest row, NaN skipped, token 0 when every
 // total is NaN.
 
-// A total's key: the value's bits ordered as unsigned integers (−0 and denormals as +0, as the
-// flush-to-zero comparison of argmax_f32 has them equal), then the complement of the row, so the
-// larger key is the larger value and, of equal values, the lower row; 0 is none (NaN, which no
-// key of a number reaches).
+// A total's key: the sampler's rank key (chain.cuh: the larger value, of equal values the
+// lower row), with denormals read as +0 as the flush-to-zero comparison of argmax_f32 has them;
+// 0 is none (NaN, which no key of a number reaches).
 __device__ __forceinline__ u64 argmax_key(float v, u32 row) {
     if (v != v) return 0;
-    const u32 b = fabsf(v) < 1.17549435e-38f ? 0u : __float_as_uint(v);
-    const u32 o = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-    return ((u64)o << 32) | (u64)(~row);
+    return make_key(fabsf(v) < 1.17549435e-38f ? 0.0f : v, row);
 }
 
 template <int NR>
@@ -1170,7 +1167,7 @@ extern "C" __global__ void __launch_bounds__(256, ARGMAX_MINB) gemv_m1_argmax(co
     __threadfence();
     const u64 k = atomicExch(A.key, 0ull);
     *A.ticket = 0;
-    record(A.out, k ? ~(u32)k : 0u, A.chain);
+    record(A.out, k ? key_id(k) : 0u, A.chain);
 }
 
 // The streamed gated products of M tokens (the gated entries' parameters): every warp owns one

@@ -197,22 +197,6 @@ __device__ __forceinline__ double shfl_d(double v, int src) {
     return __hiloint2double(hi, lo);
 }
 
-// Keys: the logit's bits mapped to an unsigned order (-0 read as +0, as the CPU compares them
-// equal) above the inverted id, so a larger key ranks first and every key is distinct.
-__device__ __forceinline__ u32 ord_of(float l) {
-    u32 b = __float_as_uint(l);
-    if (b == 0x80000000u) b = 0;
-    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-__device__ __forceinline__ float val_of_ord(u32 o) {
-    return __uint_as_float((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
-}
-__device__ __forceinline__ u64 make_key(float l, u32 id) {
-    return ((u64)ord_of(l) << 32) | (u64)(~id);
-}
-__device__ __forceinline__ float key_val(u64 k) { return val_of_ord((u32)(k >> 32)); }
-__device__ __forceinline__ u32 key_id(u64 k) { return ~(u32)k; }
-
 // akunu_core::sampling::exp_nonpositive, operation for operation (no contraction), so the
 // top-p weights are the CPU's to the bit.
 __device__ __forceinline__ float exp_nonpositive(float x) {
